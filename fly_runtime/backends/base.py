@@ -1,0 +1,64 @@
+"""What every backend offers the engine: run new tokens through the model, and crop its KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+
+class Backend(Protocol):
+    """One causal LM with a KV cache for a single sequence (batch size 1)."""
+
+    name: str
+    max_context: int  # positions the model supports
+
+    def forward(self, input_ids: Sequence[int]) -> torch.Tensor:
+        """Append ``input_ids`` to the cache and return their float32 logits, shape [len(input_ids), V]."""
+        ...
+
+    def crop(self, length: int) -> None:
+        """Keep only the first ``length`` cached positions."""
+        ...
+
+
+class CachedSequence:
+    """A backend plus the token ids its cache holds, so callers can sync it to a context by id.
+
+    Keeping the ids here (not in the backend) lets the engine and drafters find out what to feed and what
+    to drop without either knowing the cache layout.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.ids: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def extend(self, input_ids: Sequence[int]) -> torch.Tensor:
+        logits = self.backend.forward(input_ids)
+        self.ids.extend(input_ids)
+        return logits
+
+    def crop(self, length: int) -> None:
+        if length < len(self.ids):
+            self.backend.crop(length)
+            del self.ids[length:]
+
+    def reset(self) -> None:
+        self.crop(0)
+
+    def pending(self, context: Sequence[int]) -> list[int]:
+        """Crop to the longest common prefix with ``context[:-1]`` and return the ids still to feed.
+
+        At least the last id of ``context`` is always returned, so feeding the result yields the logits
+        that predict the token after ``context``.
+        """
+        limit = min(len(self.ids), len(context) - 1)
+        common = 0
+        while common < limit and self.ids[common] == context[common]:
+            common += 1
+        self.crop(common)
+        return list(context[common:])

@@ -1,0 +1,70 @@
+"""Per-request generation settings, validated at the boundary with errors that say what to change."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fly_runtime.errors import InvalidSettingsError
+
+Mode = Literal["ar", "exact", "fly"]
+MODES: tuple[str, ...] = ("ar", "exact", "fly")
+
+# Draft length per mode when the user fixes none. FLy needs K > window so a forgivable mismatch can be
+# followed by a full window of checked drafts.
+DEFAULT_K: dict[str, int] = {"ar": 0, "exact": 5, "fly": 8}
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    mode: Mode = "fly"
+    k: int | None = None  # drafts per round; None = DEFAULT_K[mode]
+    window: int = 6
+    entropy_threshold: float = 0.3
+    entropy_top_k: int = 3
+    ngram: bool = True  # prompt-lookup n-grams checked by the drafter before it drafts on its own
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop or ()))
+        self.validate()
+
+    @property
+    def draft_length(self) -> int:
+        return DEFAULT_K[self.mode] if self.k is None else self.k
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidSettingsError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.mode != "ar" and self.draft_length < 1:
+            raise InvalidSettingsError(f"k (drafts per round) must be >= 1, got {self.draft_length}")
+        if self.window < 0:
+            raise InvalidSettingsError(f"window must be >= 0, got {self.window}")
+        if self.mode == "fly" and self.window >= self.draft_length:
+            raise InvalidSettingsError(
+                f"window ({self.window}) must be smaller than k ({self.draft_length}): a forgiven mismatch needs "
+                f"{self.window} checked drafts after it. Raise k to at least {self.window + 1} or lower the window."
+            )
+        if not self.entropy_threshold >= 0:
+            raise InvalidSettingsError(f"entropy_threshold must be >= 0, got {self.entropy_threshold}")
+        if self.entropy_top_k < 1:
+            raise InvalidSettingsError(f"entropy_top_k must be >= 1, got {self.entropy_top_k}")
+        if not self.temperature >= 0:
+            raise InvalidSettingsError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise InvalidSettingsError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise InvalidSettingsError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise InvalidSettingsError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise InvalidSettingsError(f"stop sequences must be non-empty strings, got {s!r}")

@@ -1,0 +1,124 @@
+"""Drafters propose the next tokens; they know nothing of how the target verifies them.
+
+- ``NgramDrafter``: prompt lookup. Finds the latest n-gram of the context earlier in the context and
+  proposes what followed it. Free to run, and strong where the answer copies the prompt (RAG, edits).
+- ``ModelDrafter``: a small causal LM drafting greedily (or sampling), one token per forward pass. Given an
+  ``NgramDrafter`` it becomes the multi-level cascade: n-gram proposals are checked by one drafter forward
+  pass, the agreeing prefix is kept plus the drafter's own next token, and that repeats until K tokens exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from fly_runtime.backends.base import CachedSequence
+from fly_runtime.sampling import Sampler
+
+
+@dataclass
+class Draft:
+    token_ids: list[int] = field(default_factory=list)
+    # [len(token_ids), V]: the distribution each token was drawn from; None when drafting greedily
+    probs: torch.Tensor | None = None
+    forwards: int = 0  # drafter forward passes spent on this draft
+
+
+class Drafter(Protocol):
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler) -> Draft:
+        """Up to ``k`` tokens to follow ``context`` (prompt + committed ids)."""
+        ...
+
+    def commit(self, context: Sequence[int]) -> None:
+        """The target kept ``context``; drop any state beyond it."""
+        ...
+
+    def reset(self) -> None:
+        """Forget the previous request."""
+        ...
+
+
+def _one_hot_rows(token_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
+    rows = torch.zeros(len(token_ids), vocab_size)
+    rows[torch.arange(len(token_ids)), torch.tensor(list(token_ids), dtype=torch.long)] = 1.0
+    return rows
+
+
+class NgramDrafter:
+    """Prompt-lookup proposals: longest n-gram first (max_ngram down to 1), earliest match in the context."""
+
+    def __init__(self, max_ngram: int = 4, max_tokens: int = 6, vocab_size: int | None = None) -> None:
+        self.max_ngram = max_ngram
+        self.max_tokens = max_tokens
+        self.vocab_size = vocab_size  # needed only to express proposals as distributions when sampling
+
+    def lookup(self, context: Sequence[int], k: int) -> list[int]:
+        limit = min(k, self.max_tokens)
+        if limit < 1 or len(context) < 2:
+            return []
+        ids = np.asarray(context, dtype=np.int64)
+        for n in range(min(self.max_ngram, len(ids) - 1), 0, -1):
+            # windows that end before the last token, so every match has at least one token after it
+            windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)
+            hits = np.flatnonzero((windows == ids[-n:]).all(axis=1))
+            if hits.size:
+                start = int(hits[0]) + n
+                return ids[start : start + limit].tolist()
+        return []
+
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler) -> Draft:
+        tokens = self.lookup(context, k)
+        probs = None
+        if not sampler.greedy and self.vocab_size is not None:
+            probs = _one_hot_rows(tokens, self.vocab_size)  # a deterministic proposal is a one-hot draw
+        return Draft(tokens, probs, 0)
+
+    def commit(self, context: Sequence[int]) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A small LM as drafter, optionally fed n-gram proposals first (the multi-level cascade)."""
+
+    def __init__(self, sequence: CachedSequence, vocab_size: int, ngram: NgramDrafter | None = None) -> None:
+        self.sequence = sequence
+        self.vocab_size = vocab_size
+        self.ngram = ngram
+
+    def propose(self, context: Sequence[int], k: int, sampler: Sampler) -> Draft:
+        draft = Draft()
+        rows: list[torch.Tensor] = []
+        feed = self.sequence.pending(context)  # ids the drafter has not seen yet (at least the last one)
+        while len(draft.token_ids) < k:
+            room = k - len(draft.token_ids)
+            proposal = self.ngram.lookup(list(context) + draft.token_ids, room - 1) if self.ngram else []
+            cached_before = len(self.sequence)
+            logits = self.sequence.extend(feed + proposal)[len(feed) - 1 :]  # predictions after each proposal
+            draft.forwards += 1
+            agree = 0
+            while agree < len(proposal) and int(logits[agree].argmax()) == proposal[agree]:
+                agree += 1
+            # proposals the drafter disagrees with must not stay in its cache
+            self.sequence.crop(cached_before + len(feed) + agree)
+            token, probs = sampler.pick(logits[agree][: self.vocab_size])
+            draft.token_ids.extend(proposal[:agree] + [token])
+            if probs is not None:
+                rows.extend([_one_hot_rows(proposal[:agree], self.vocab_size), probs[None]])
+            feed = [token]
+        if rows:
+            draft.probs = torch.cat(rows)
+        return draft
+
+    def commit(self, context: Sequence[int]) -> None:
+        # keep what the target kept; the first id not in the cache is fed with the next proposal
+        self.sequence.pending(context)
+
+    def reset(self) -> None:
+        self.sequence.reset()

@@ -1,0 +1,235 @@
+"""The generate loop: prefill, then rounds of draft -> one target forward -> verify -> commit -> crop.
+
+One engine owns one target and (optionally) one drafter, each with a single KV cache, so requests are
+served one at a time under a lock. Output is streamed as committed text pieces.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from fly_runtime.backends.base import CachedSequence
+from fly_runtime.config import GenerationConfig
+from fly_runtime.drafters import Drafter
+from fly_runtime.errors import InvalidPromptError, InvalidSettingsError
+from fly_runtime.sampling import Sampler
+from fly_runtime.text import StopTextStream
+from fly_runtime.verify import FlyRule, verify_greedy, verify_sampling
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0
+    drafter_forwards: int = 0
+    drafted_tokens: int = 0
+    native_accepted: int = 0
+    fly_forgiven: int = 0
+    k: int = 0
+    seconds: float = 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """τ: tokens committed per target forward pass (1.0 for plain decoding)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of drafted tokens the target matched natively."""
+        return self.native_accepted / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self) | {
+            "mean_accepted": self.mean_accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "tokens_per_second": self.tokens_per_second,
+        }
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+class GenerationStream:
+    """Iterate to receive text pieces as they are committed; ``result`` is set once iteration ends.
+
+    Closing the stream early (``close()``, ``break`` out of a ``with`` block, garbage collection) ends the
+    request and frees the engine for the next one.
+    """
+
+    def __init__(self, run: Callable[["GenerationStream"], Iterator[str]]) -> None:
+        self.result: GenerationResult | None = None
+        self._pieces = run(self)
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._pieces)
+
+    def close(self) -> None:
+        self._pieces.close()
+
+    def __enter__(self) -> "GenerationStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class FlyEngine:
+    def __init__(
+        self,
+        target: CachedSequence,
+        tokenizer,
+        drafter: Drafter | None,
+        vocab_size: int,
+        eos_token_ids: Sequence[int],
+        max_context: int,
+        ngram_drafter: Drafter | None = None,
+    ) -> None:
+        self.target = target
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        # the same drafter with prompt-lookup n-grams in front (the cascade), used when a request asks for it
+        self.ngram_drafter = ngram_drafter or drafter
+        self.vocab_size = vocab_size  # logits beyond the shared vocabulary are padding and never chosen
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_context = max_context
+        self._lock = threading.Lock()
+
+    # ----------------------------------------------------------------------------------------------- API
+    def stream(self, prompt_ids: Sequence[int], config: GenerationConfig) -> GenerationStream:
+        prompt = self._check_prompt(prompt_ids, config)
+        if config.mode != "ar" and self.drafter is None:
+            raise InvalidSettingsError(f"mode {config.mode!r} needs a drafter; load one or use mode='ar'")
+        return GenerationStream(lambda stream: self._run(stream, prompt, config))
+
+    def generate(self, prompt_ids: Sequence[int], config: GenerationConfig) -> GenerationResult:
+        stream = self.stream(prompt_ids, config)
+        for _ in stream:
+            pass
+        assert stream.result is not None
+        return stream.result
+
+    def _check_prompt(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
+        prompt = list(prompt_ids)
+        if not prompt:
+            raise InvalidPromptError("the prompt is empty: pass at least one token")
+        if len(prompt) + config.max_new_tokens > self.max_context:
+            raise InvalidPromptError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the target's "
+                f"context window ({self.max_context} tokens): shorten the prompt or lower max_new_tokens."
+            )
+        return prompt
+
+    # ------------------------------------------------------------------------------------------- the loop
+    def _run(self, stream: GenerationStream, prompt: list[int], config: GenerationConfig) -> Iterator[str]:
+        with self._lock:
+            start = time.perf_counter()
+            generator = torch.Generator().manual_seed(config.seed if config.seed is not None else
+                                                       int(torch.randint(0, 2**62, ()).item()))
+            sampler = Sampler(config.temperature, config.top_k, config.top_p, generator)
+            rule = FlyRule(config.window, config.entropy_threshold, config.entropy_top_k) \
+                if config.mode == "fly" else None
+            stats = GenerationStats(prompt_tokens=len(prompt), k=config.draft_length if config.mode != "ar" else 0)
+            text = StopTextStream(self.tokenizer, config.stop)
+            committed: list[int] = []
+            finish = "length"
+            try:
+                self.target.reset()
+                if self.drafter is not None:
+                    self.drafter.reset()
+                logits = self.target.extend(prompt)[-1:]
+                stats.target_forwards += 1
+                token, _ = sampler.pick(logits[0, : self.vocab_size])
+                new = [token]
+                while True:
+                    new, ended = self._clip(new, config.max_new_tokens - len(committed))
+                    committed.extend(new)
+                    piece = text.push(new)
+                    if piece:
+                        yield piece
+                    if ended or text.stopped:
+                        finish = "stop"
+                        break
+                    if len(committed) >= config.max_new_tokens:
+                        break
+                    remaining = config.max_new_tokens - len(committed)
+                    if config.mode == "ar":
+                        new = self._plain_step(committed[-1], sampler, stats)
+                    else:
+                        drafter = self.ngram_drafter if config.ngram else self.drafter
+                        new = self._speculative_step(drafter, prompt + committed,
+                                                     min(config.draft_length, remaining - 1), sampler, rule, stats)
+                tail = text.finish()
+                if tail:
+                    yield tail
+            finally:
+                # an abandoned stream must not leave a cache behind for the next request
+                self.target.reset()
+                if self.drafter is not None:
+                    self.drafter.reset()
+            stats.new_tokens = len(text.token_ids)
+            stats.seconds = time.perf_counter() - start
+            stream.result = GenerationResult(text.released, list(text.token_ids), finish, stats)
+
+    def _clip(self, new: list[int], budget: int) -> tuple[list[int], bool]:
+        """Cut ``new`` at the first EOS (dropped) or at the token budget; say whether EOS ended generation."""
+        for i, token in enumerate(new[:budget]):
+            if token in self.eos_token_ids:
+                return new[:i], True
+        return new[:budget], False
+
+    def _plain_step(self, last: int, sampler: Sampler, stats: GenerationStats) -> list[int]:
+        logits = self.target.extend([last])
+        stats.target_forwards += 1
+        token, _ = sampler.pick(logits[0, : self.vocab_size])
+        return [token]
+
+    def _speculative_step(
+        self,
+        drafter: Drafter,
+        context: list[int],
+        k: int,
+        sampler: Sampler,
+        rule: FlyRule | None,
+        stats: GenerationStats,
+    ) -> list[int]:
+        draft = drafter.propose(context, k, sampler) if k > 0 else None
+        draft_ids = draft.token_ids if draft else []
+        cached = len(self.target)  # the target has seen all of context but its last token
+        logits = self.target.extend([context[-1], *draft_ids])[:, : self.vocab_size]
+        stats.target_forwards += 1
+        ids = torch.tensor(draft_ids, dtype=torch.long)
+        if sampler.greedy:
+            verdict = verify_greedy(logits, ids, rule)
+        else:
+            target_probs = sampler.probs(logits)
+            draft_probs = draft.probs if draft is not None and draft.probs is not None \
+                else torch.zeros(0, self.vocab_size)
+            verdict = verify_sampling(target_probs, draft_probs, ids, sampler.generator, rule)
+        if draft is not None:
+            stats.drafter_forwards += draft.forwards
+            stats.drafted_tokens += len(draft_ids)
+        stats.native_accepted += verdict.native
+        stats.fly_forgiven += verdict.forgiven
+        kept = draft_ids[: verdict.accepted]
+        # the target keeps context + kept drafts; the new token is fed at the start of the next round
+        self.target.crop(cached + 1 + verdict.accepted)
+        drafter.commit(context + kept + [verdict.next_token])
+        return kept + [verdict.next_token]

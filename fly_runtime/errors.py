@@ -1,0 +1,25 @@
+"""Errors a user can get from the runtime. Each message names the problem and the fix."""
+
+
+class FlyError(Exception):
+    """Base class of every error raised on purpose by fly."""
+
+
+class InvalidSettingsError(FlyError, ValueError):
+    """A generation setting (K, window, temperature, ...) is out of range."""
+
+
+class InvalidPromptError(FlyError, ValueError):
+    """The prompt is empty, malformed, or does not fit the model's context window."""
+
+
+class ModelNotFoundError(FlyError, FileNotFoundError):
+    """A model reference names nothing that exists (no file, directory, built-in name or reachable Hub id)."""
+
+
+class ModelIntegrityError(FlyError):
+    """A model file is corrupt or truncated (size or sha256 does not match)."""
+
+
+class IncompatibleModelsError(FlyError, ValueError):
+    """The drafter and the target do not share a tokenizer, so draft ids mean nothing to the target."""

@@ -1,0 +1,123 @@
+"""Build an engine from model references, once per process for each distinct set of model settings."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Literal
+
+from fly_runtime.backends.base import Backend, CachedSequence
+from fly_runtime.drafters import Drafter, ModelDrafter, NgramDrafter
+from fly_runtime.engine import FlyEngine
+from fly_runtime.errors import IncompatibleModelsError, InvalidSettingsError
+from fly_runtime.sources import BUILTIN_PAIRS, DEFAULT_PAIR, ResolvedModel, resolve_model
+
+BackendName = Literal["auto", "torch", "onnx"]
+DEFAULT_TARGET, DEFAULT_DRAFT = BUILTIN_PAIRS[DEFAULT_PAIR]
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """What identifies a loaded pair. Two callers with equal settings share one engine."""
+
+    target: str = DEFAULT_TARGET
+    draft: str | None = DEFAULT_DRAFT  # None: prompt-lookup n-grams only
+    backend: BackendName = "auto"
+    device: str | None = None
+
+
+_engines: dict[ModelSettings, FlyEngine] = {}
+_engines_lock = threading.Lock()
+
+
+def get_engine(settings: ModelSettings) -> FlyEngine:
+    """The shared engine for ``settings``, loading it on first use."""
+    with _engines_lock:
+        engine = _engines.get(settings)
+        if engine is None:
+            engine = _engines[settings] = load_engine(settings)
+        return engine
+
+
+def _pick_backend(settings: ModelSettings) -> str:
+    if settings.backend not in ("auto", "torch", "onnx"):
+        raise InvalidSettingsError(f"backend must be auto, torch or onnx, got {settings.backend!r}")
+    if settings.backend != "auto":
+        return settings.backend
+    import torch
+
+    on_gpu = (settings.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    return "torch" if on_gpu else "onnx"
+
+
+def _make_backend(model: ResolvedModel, kind: str, device: str | None, drafter: bool) -> Backend:
+    if kind == "onnx":
+        from fly_runtime.backends.ort_backend import OrtBackend
+
+        # int8 only for the drafter: its numerics never change what exact mode outputs
+        return OrtBackend(model.onnx_dir(int8=drafter), threads=os.cpu_count())
+    from fly_runtime.backends.torch_backend import TorchBackend
+
+    return TorchBackend(model.hf_dir, device=device)
+
+
+def load_tokenizer(model: ResolvedModel):
+    from transformers import AutoTokenizer
+
+    # transformers 4.57.3+ warns about a Mistral regex for every locally saved tokenizer; ours carry the
+    # correct pattern, so say explicitly that no patch is wanted.
+    return AutoTokenizer.from_pretrained(model.hf_dir, fix_mistral_regex=False)
+
+
+def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise IncompatibleModelsError(
+            f"drafter {draft_name!r} and target {target_name!r} have different vocabularies "
+            f"({len(draft_tok)} vs {len(target_tok)} tokens): speculative decoding needs one tokenizer. "
+            "Pick a drafter from the target's model family."
+        )
+
+
+def eos_ids(model: ResolvedModel, tokenizer) -> set[int]:
+    from transformers import GenerationConfig
+
+    ids: set[int] = set()
+    try:
+        eos = GenerationConfig.from_pretrained(model.hf_dir).eos_token_id
+    except OSError:
+        eos = None
+    for value in (eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif value:
+            ids.update(value)
+    return ids
+
+
+def load_engine(settings: ModelSettings) -> FlyEngine:
+    kind = _pick_backend(settings)
+    target_model = resolve_model(settings.target)
+    tokenizer = load_tokenizer(target_model)
+    vocab_size = len(tokenizer)
+    drafter: Drafter
+    cascade: Drafter
+    if settings.draft is None:
+        drafter = cascade = NgramDrafter(vocab_size=vocab_size)
+    else:
+        draft_model = resolve_model(settings.draft)
+        check_same_tokenizer(tokenizer, load_tokenizer(draft_model), settings.target, settings.draft)
+        draft_sequence = CachedSequence(_make_backend(draft_model, kind, settings.device, drafter=True))
+        # both views share one drafter cache; a request picks one with its `ngram` setting
+        drafter = ModelDrafter(draft_sequence, vocab_size)
+        cascade = ModelDrafter(draft_sequence, vocab_size, NgramDrafter(vocab_size=vocab_size))
+    target_backend = _make_backend(target_model, kind, settings.device, drafter=False)
+    return FlyEngine(
+        CachedSequence(target_backend),
+        tokenizer,
+        drafter,
+        vocab_size=vocab_size,
+        eos_token_ids=eos_ids(target_model, tokenizer),
+        max_context=target_backend.max_context,
+        ngram_drafter=cascade,
+    )

@@ -1,0 +1,43 @@
+"""Turning logits into tokens: greedy, or temperature / top-k / top-p sampling with a seeded generator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How to pick the next token. ``temperature == 0`` is greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = no top-k filter
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution the sampler draws from, row-wise over ``logits`` ([..., V])."""
+        scaled = logits.float() / self.temperature
+        if self.top_k > 0 and self.top_k < scaled.shape[-1]:
+            kth = scaled.topk(self.top_k, dim=-1).values[..., -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if self.top_p < 1.0:
+            sorted_logits, order = scaled.sort(dim=-1, descending=True)
+            cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            # drop a token once the mass before it already reaches top_p (the first token always stays)
+            drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= self.top_p
+            drop = drop_sorted.scatter(-1, order, drop_sorted)
+            scaled = scaled.masked_fill(drop, float("-inf"))
+        return scaled.softmax(dim=-1)
+
+    def pick(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
+        """Next token from one row of logits, and the distribution it was drawn from (None when greedy)."""
+        if self.greedy:
+            return int(logits.argmax()), None
+        probs = self.probs(logits)
+        return int(torch.multinomial(probs, 1, generator=self.generator)), probs

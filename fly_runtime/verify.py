@@ -1,0 +1,123 @@
+"""Verification of a draft against the target: pure functions on logits / probabilities and draft ids.
+
+Every function takes the target's output for the K+1 positions of a round (the position before each of the
+K drafts, plus the bonus position after the last draft) and returns how many drafts are kept and the
+target's token that follows them. Nothing here touches a model, so every rule is unit-tested on hand-built
+tensors.
+
+FLy (arXiv 2511.22972) loosens exact matching in two ways. A mismatch at position i is *forgiven* (the
+draft token is kept) when
+  1. the target is uncertain there: the entropy of its top-k probabilities is at least the threshold
+     (a confident target means the draft is really wrong), and
+  2. the target natively accepts each of the next ``window`` drafts, which must all exist (i + W < K):
+     a continuation the target agrees with shows the draft token was an acceptable alternative.
+Several mismatches may be forgiven in one round. ``window=0`` drops the second test and
+``entropy_threshold=0`` drops the first (ablations).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: int  # drafts kept, counting from the first
+    next_token: int  # the target's token after the kept drafts (a correction, or the bonus if all were kept)
+    native: int  # kept drafts that matched the target natively
+    forgiven: int  # kept drafts that did not match but were forgiven by FLy
+
+
+@dataclass(frozen=True)
+class FlyRule:
+    window: int = 6
+    entropy_threshold: float = 0.3
+    entropy_top_k: int = 3
+
+
+def topk_entropy(log_probs: torch.Tensor, k: int) -> torch.Tensor:
+    """-sum p*log p over the k most likely tokens of each row (natural log, probabilities not renormalised)."""
+    top = log_probs.topk(min(k, log_probs.shape[-1]), dim=-1).values
+    return -(top.exp() * top).sum(dim=-1)
+
+
+def kept_prefix(native: Sequence[bool], forgivable: Sequence[bool], window: int) -> tuple[int, int]:
+    """Length of the kept prefix and how many of its positions were forgiven.
+
+    ``native[i]``: draft i matched the target. ``forgivable[i]``: a mismatch at i may be forgiven if its
+    window holds (the entropy gate and any sampling condition passed).
+    """
+    size = len(native)
+    forgiven = 0
+    for i in range(size):
+        if native[i]:
+            continue
+        if forgivable[i] and i + window < size and all(native[i + 1 : i + 1 + window]):
+            forgiven += 1
+            continue
+        return i, forgiven
+    return size, forgiven
+
+
+def _check_shapes(target: torch.Tensor, draft_ids: torch.Tensor) -> int:
+    k = draft_ids.shape[0]
+    if target.dim() != 2 or target.shape[0] != k + 1:
+        raise ValueError(f"target scores must be [K+1, V] = [{k + 1}, V], got {tuple(target.shape)}")
+    return k
+
+
+def verify_greedy(target_logits: torch.Tensor, draft_ids: torch.Tensor, rule: FlyRule | None = None) -> Verdict:
+    """Greedy verification: exact match when ``rule`` is None, FLy otherwise."""
+    k = _check_shapes(target_logits, draft_ids)
+    target_ids = target_logits.argmax(dim=-1)
+    native = (target_ids[:k] == draft_ids).tolist()
+    if rule is None:
+        forgivable = [False] * k
+        window = 0
+    else:
+        entropy = topk_entropy(torch.log_softmax(target_logits[:k].float(), dim=-1), rule.entropy_top_k)
+        forgivable = (entropy >= rule.entropy_threshold).tolist()
+        window = rule.window
+    accepted, forgiven = kept_prefix(native, forgivable, window)
+    return Verdict(accepted, int(target_ids[accepted]), accepted - forgiven, forgiven)
+
+
+def verify_sampling(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_ids: torch.Tensor,
+    generator: torch.Generator,
+    rule: FlyRule | None = None,
+) -> Verdict:
+    """Speculative sampling: lossless when ``rule`` is None, FLy's relaxation (as in vLLM) otherwise.
+
+    Draft i is accepted natively with probability min(1, p_i(d_i) / q_i(d_i)). Under FLy a rejected draft
+    is kept when the target is uncertain there, the next ``window`` drafts are accepted natively by the same
+    test, and the target gives the draft token non-zero probability. At the first position kept by neither,
+    the next token is drawn from norm(max(p - q, 0)); if all drafts are kept it is drawn from the target's
+    bonus distribution.
+    """
+    k = _check_shapes(target_probs, draft_ids)
+    rows = torch.arange(k)
+    p_draft = target_probs[rows, draft_ids]
+    q_draft = draft_probs[rows, draft_ids]
+    uniform = torch.rand(k, generator=generator, dtype=torch.float64)
+    native = (uniform * q_draft.double() < p_draft.double()).tolist()
+    if rule is None:
+        forgivable = [False] * k
+        window = 0
+    else:
+        entropy = topk_entropy(torch.log(target_probs[:k].double().clamp_min(1e-300)), rule.entropy_top_k)
+        forgivable = ((entropy >= rule.entropy_threshold) & (p_draft > 0)).tolist()
+        window = rule.window
+    accepted, forgiven = kept_prefix(native, forgivable, window)
+    if accepted == k:
+        dist = target_probs[k]
+    else:
+        residual = (target_probs[accepted] - draft_probs[accepted]).clamp_min(0)
+        dist = residual if residual.sum() > 0 else target_probs[accepted]
+    next_token = int(torch.multinomial(dist.double(), 1, generator=generator))
+    return Verdict(accepted, next_token, accepted - forgiven, forgiven)

@@ -1,0 +1,184 @@
+"""Verification rules on hand-built logits: no model involved."""
+
+import math
+
+import pytest
+import torch
+
+from fly_runtime.verify import FlyRule, kept_prefix, topk_entropy, verify_greedy, verify_sampling
+
+V = 16
+
+
+def row(token: int, confident: bool) -> torch.Tensor:
+    """Logits whose argmax is ``token``: one dominant token (entropy ~0), or three near-equal ones (~ln 3)."""
+    logits = torch.zeros(V)
+    if confident:
+        logits[token] = 30.0
+    else:
+        logits[token] = 10.2
+        logits[(token + 1) % V] = 10.0
+        logits[(token + 2) % V] = 10.0
+    return logits
+
+
+def target(tokens: list[int], uncertain_at: set[int] = frozenset()) -> torch.Tensor:
+    """K+1 rows of target logits predicting ``tokens`` (the last one is the bonus)."""
+    return torch.stack([row(t, confident=i not in uncertain_at) for i, t in enumerate(tokens)])
+
+
+def drafts(tokens: list[int]) -> torch.Tensor:
+    return torch.tensor(tokens, dtype=torch.long)
+
+
+TARGET8 = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # K = 8 predictions + bonus
+
+
+def with_mismatches(positions: list[int], base: list[int] = TARGET8) -> list[int]:
+    out = list(base[:-1])
+    for p in positions:
+        out[p] = 15  # a token the target never predicts
+    return out
+
+
+def test_topk_entropy_matches_hand_computation():
+    probs = torch.tensor([[0.5, 0.25, 0.125, 0.125]])
+    expected = -(0.5 * math.log(0.5) + 0.25 * math.log(0.25) + 0.125 * math.log(0.125))
+    assert topk_entropy(probs.log(), 3).item() == pytest.approx(expected)
+    # top-k only: the fourth token's mass is ignored, and nothing is renormalised
+    assert topk_entropy(probs.log(), 1).item() == pytest.approx(-0.5 * math.log(0.5))
+
+
+def test_row_helper_entropies_straddle_the_default_threshold():
+    logs = torch.log_softmax(torch.stack([row(3, True), row(3, False)]), dim=-1)
+    confident, uncertain = topk_entropy(logs, 3).tolist()
+    assert confident < 0.3 < uncertain
+
+
+def test_exact_accepts_all_and_adds_bonus():
+    v = verify_greedy(target(TARGET8), drafts(TARGET8[:-1]))
+    assert (v.accepted, v.next_token, v.native, v.forgiven) == (8, 9, 8, 0)
+
+
+def test_exact_stops_at_first_mismatch_with_target_token():
+    v = verify_greedy(target(TARGET8, uncertain_at={3}), drafts(with_mismatches([3])))
+    assert (v.accepted, v.next_token, v.forgiven) == (3, 4, 0)
+
+
+def test_exact_rejects_at_position_zero():
+    v = verify_greedy(target(TARGET8), drafts(with_mismatches([0])))
+    assert (v.accepted, v.next_token) == (0, 1)
+
+
+def test_fly_forgives_uncertain_mismatch_followed_by_native_window():
+    d = drafts(with_mismatches([1]))
+    v = verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6))
+    assert (v.accepted, v.next_token, v.native, v.forgiven) == (8, 9, 7, 1)
+
+
+def test_fly_rejects_confident_mismatch():
+    v = verify_greedy(target(TARGET8), drafts(with_mismatches([1])), FlyRule(window=6))
+    assert (v.accepted, v.next_token, v.forgiven) == (1, 2, 0)
+
+
+@pytest.mark.parametrize(("position", "forgiven"), [(8 - 6 - 1, True), (8 - 6, False)])
+def test_fly_window_edge(position, forgiven):
+    """K=8, W=6: a mismatch at K-W-1 has a full window after it; at K-W it does not."""
+    v = verify_greedy(target(TARGET8, uncertain_at={position}), drafts(with_mismatches([position])), FlyRule(window=6))
+    if forgiven:
+        assert (v.accepted, v.forgiven, v.next_token) == (8, 1, 9)
+    else:
+        assert (v.accepted, v.forgiven, v.next_token) == (position, 0, TARGET8[position])
+
+
+def test_fly_forgives_several_mismatches_in_one_round():
+    tokens = list(range(1, 14))  # K = 12
+    d = drafts(with_mismatches([2, 7], tokens))
+    v = verify_greedy(target(tokens, uncertain_at={2, 7}), d, FlyRule(window=3))
+    assert (v.accepted, v.forgiven, v.native, v.next_token) == (12, 2, 10, 13)
+
+
+def test_fly_second_mismatch_inside_window_breaks_the_first():
+    d = drafts(with_mismatches([1, 4]))
+    v = verify_greedy(target(TARGET8, uncertain_at={1, 4}), d, FlyRule(window=6))
+    assert (v.accepted, v.forgiven, v.next_token) == (1, 0, 2)
+
+
+def test_fly_later_mismatch_ends_the_prefix_after_a_forgiven_one():
+    tokens = list(range(1, 14))  # K = 12
+    d = drafts(with_mismatches([1, 9], tokens))
+    v = verify_greedy(target(tokens, uncertain_at={1}), d, FlyRule(window=3))
+    # 1 is forgiven (2..4 native); 9 is confident -> the prefix ends there with the target's token
+    assert (v.accepted, v.forgiven, v.next_token) == (9, 1, 10)
+
+
+def test_ablation_window_zero_forgives_any_uncertain_mismatch():
+    d = drafts(with_mismatches([7]))
+    assert verify_greedy(target(TARGET8, uncertain_at={7}), d, FlyRule(window=6)).accepted == 7
+    v = verify_greedy(target(TARGET8, uncertain_at={7}), d, FlyRule(window=0))
+    assert (v.accepted, v.forgiven) == (8, 1)
+
+
+def test_ablation_threshold_zero_disables_the_gate():
+    d = drafts(with_mismatches([1]))
+    assert verify_greedy(target(TARGET8), d, FlyRule(window=6, entropy_threshold=0.3)).accepted == 1
+    v = verify_greedy(target(TARGET8), d, FlyRule(window=6, entropy_threshold=0.0))
+    assert (v.accepted, v.forgiven) == (8, 1)
+
+
+def test_shape_is_checked():
+    with pytest.raises(ValueError, match=r"\[K\+1, V\]"):
+        verify_greedy(torch.zeros(3, V), drafts([1, 2, 3]))
+
+
+def test_kept_prefix_counts():
+    assert kept_prefix([True, True, False], [False] * 3, 0) == (2, 0)
+    assert kept_prefix([True, False, True, True], [False, True, False, False], 2) == (4, 1)
+    assert kept_prefix([], [], 6) == (0, 0)
+
+
+# ------------------------------------------------------------------------------------------- sampling
+def test_sampling_is_lossless_for_exact():
+    """The first emitted token is distributed as the target's p, whatever the drafter's q."""
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    q = torch.tensor([0.7, 0.1, 0.1, 0.1])
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(4)
+    trials = 20000
+    for _ in range(trials):
+        d = int(torch.multinomial(q, 1, generator=gen))
+        v = verify_sampling(torch.stack([p, p]), q[None], drafts([d]), gen)
+        counts[d if v.accepted else v.next_token] += 1
+    assert torch.allclose(counts / trials, p, atol=0.015)
+
+
+def test_sampling_identical_distributions_always_accept():
+    p = torch.softmax(torch.randn(4, V), dim=-1)
+    gen = torch.Generator().manual_seed(1)
+    v = verify_sampling(p, p[:3], drafts([0, 5, 7]), gen)
+    assert v.accepted == 3 and v.native == 3
+
+
+def test_sampling_fly_forgives_only_tokens_the_target_allows():
+    uncertain = torch.tensor([0.4, 0.3, 0.3] + [0.0] * (V - 3))
+    sure = torch.zeros(V)
+    sure[5] = 1.0
+    p = torch.stack([uncertain, sure, sure, sure])  # K = 3
+    q = torch.stack([torch.eye(V)[2], sure, sure])  # draft 2 at position 0: p=0.3 < q=1 -> may be rejected
+    d = drafts([2, 5, 5])
+    rule = FlyRule(window=2)
+    forgiven = [verify_sampling(p, q, d, torch.Generator().manual_seed(s), rule) for s in range(40)]
+    assert all(v.accepted == 3 for v in forgiven)
+    assert any(v.forgiven == 1 for v in forgiven)
+    q_zero = torch.stack([torch.eye(V)[9], sure, sure])  # token 9 has p = 0: never forgiven
+    v = verify_sampling(p, q_zero, drafts([9, 5, 5]), torch.Generator().manual_seed(0), rule)
+    assert v.accepted == 0 and v.next_token in (0, 1, 2)
+
+
+def test_sampling_is_reproducible_with_a_seed():
+    p = torch.softmax(torch.randn(6, V), dim=-1)
+    q = torch.softmax(torch.randn(5, V), dim=-1)
+    d = drafts([1, 2, 3, 4, 5])
+    a = verify_sampling(p, q, d, torch.Generator().manual_seed(7), FlyRule(window=2))
+    b = verify_sampling(p, q, d, torch.Generator().manual_seed(7), FlyRule(window=2))
+    assert a == b
