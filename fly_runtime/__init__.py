@@ -1,0 +1,30 @@
+"""fly_runtime: the FLy speculative-decoding engine, free of any LLM-framework dependency."""
+
+from fly_runtime.config import GenerationConfig
+from fly_runtime.engine import FlyEngine, GenerationResult, GenerationStats, GenerationStream
+from fly_runtime.errors import (
+    FlyError,
+    IncompatibleModelsError,
+    InvalidPromptError,
+    InvalidSettingsError,
+    ModelIntegrityError,
+    ModelNotFoundError,
+)
+from fly_runtime.loader import ModelSettings, get_engine, load_engine
+
+__all__ = [
+    "FlyEngine",
+    "FlyError",
+    "GenerationConfig",
+    "GenerationResult",
+    "GenerationStats",
+    "GenerationStream",
+    "IncompatibleModelsError",
+    "InvalidPromptError",
+    "InvalidSettingsError",
+    "ModelIntegrityError",
+    "ModelNotFoundError",
+    "ModelSettings",
+    "get_engine",
+    "load_engine",
+]

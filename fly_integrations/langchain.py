@@ -1,0 +1,365 @@
+"""LangChain chat model on the FLy runtime: messages in, engine call, AIMessage / chunks out."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any, Literal
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.chat_models import LangSmithParams
+from langchain_core.messages import (
+    AIMessage,
+    AIMessageChunk,
+    BaseMessage,
+    ChatMessage,
+    HumanMessage,
+    SystemMessage,
+    ToolMessage,
+)
+from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser
+from langchain_core.output_parsers.openai_tools import PydanticToolsParser
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import ConfigDict, Field
+
+from fly_integrations.params import OVERRIDABLE, FlyParams
+from fly_integrations.prompting import Prompt, render_prompt
+from fly_integrations.streaming import aiter_stream
+from fly_integrations.tool_calls import ReplySplitter, ToolCall
+from fly_integrations.tools import normalize_tool_choice, validate_tool_schema
+from fly_runtime import FlyEngine, GenerationConfig, GenerationResult
+from fly_runtime.errors import InvalidPromptError
+
+
+@dataclass
+class _Request:
+    engine: FlyEngine
+    prompt: Prompt
+    config: GenerationConfig
+    tool_names: set[str] | None  # None when no tools are bound: nothing is parsed as a call
+
+    def splitter(self) -> ReplySplitter:
+        return ReplySplitter(self.prompt.prefill, self.tool_names is not None, self.tool_names)
+
+
+class FlyChatModel(FlyParams, BaseChatModel):
+    """A local chat model decoded with FLy speculative decoding.
+
+    Weights load on first use and are shared by every instance (and every ``FlyLLM``) with the same
+    target / draft / backend / device.
+    """
+
+    model_config = ConfigDict(populate_by_name=True, protected_namespaces=())
+
+    stop: list[str] | None = Field(default=None, alias="stop_sequences")
+    streaming: bool = False
+    timeout: float | None = Field(default=None, description="seconds one generation may take; None = no limit")
+    max_retries: int = Field(
+        default=0, description="accepted for drop-in compatibility with API models; local calls are not retried"
+    )
+
+    @property
+    def _llm_type(self) -> str:
+        return "fly"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {
+            "target": self.target, "draft": self.draft, "backend": self.backend, "mode": self.mode, "k": self.k,
+            "window": self.window, "entropy_threshold": self.entropy_threshold, "ngram": self.ngram,
+            "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+            "max_tokens": self.max_tokens, "seed": self.seed,
+        }
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider="fly",
+            ls_model_name=kwargs.get("model", self.target),
+            ls_model_type="chat",
+            ls_temperature=kwargs.get("temperature", self.temperature),
+            ls_max_tokens=kwargs.get("max_tokens", self.max_tokens),
+        )
+        if stop or self.stop:
+            params["ls_stop"] = list(stop or self.stop or [])
+        return params
+
+    # ------------------------------------------------------------------------------------------ requests
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> _Request:
+        engine = self.engine(kwargs.get("model"))
+        tools = kwargs.get("tools")
+        schema = _response_schema(kwargs.get("response_format"))
+        prompt = render_prompt(engine.tokenizer, [_to_chat_dict(m, i) for i, m in enumerate(messages)], tools,
+                               kwargs.get("tool_choice"), schema)
+        stops = [*(stop if stop is not None else self.stop or []), *prompt.stop]
+        overrides = {k: kwargs[k] for k in OVERRIDABLE if k in kwargs}
+        config = self.generation_config(stops, **overrides)
+        names = {t["function"]["name"] for t in tools} if tools and kwargs.get("tool_choice") != "none" else None
+        return _Request(engine, prompt, config, names)
+
+    def _message(self, request: _Request, result: GenerationResult, content: str, calls: list[ToolCall]) -> AIMessage:
+        return AIMessage(
+            content=content,
+            tool_calls=[{"name": c.name, "args": c.arguments, "id": c.id, "type": "tool_call"} for c in calls],
+            usage_metadata=_usage(result),
+            response_metadata=self._response_metadata(result),
+        )
+
+    def _response_metadata(self, result: GenerationResult) -> dict[str, Any]:
+        return {"finish_reason": result.finish_reason, **self.fly_metadata(result.stats)}
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        if self.streaming:
+            return _collect(self._stream(messages, stop, run_manager, **kwargs))
+        request = self._request(messages, stop, kwargs)
+        stream = request.engine.stream(request.prompt.token_ids, request.config)
+        splitter = request.splitter()
+        for piece in self._deadline(stream):
+            splitter.push(piece)
+        content, calls = _final_reply(splitter)
+        message = self._message(request, stream.result, content, calls)
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        request = self._request(messages, stop, kwargs)
+        splitter = request.splitter()
+        with request.engine.stream(request.prompt.token_ids, request.config) as stream:
+            for piece in self._deadline(stream):
+                chunk = _text_chunk(splitter.push(piece))
+                if chunk is not None:
+                    if run_manager:
+                        run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                    yield chunk
+        for chunk in self._final_chunks(request, splitter, stream.result):
+            if run_manager and chunk.text:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        chunks = [chunk async for chunk in self._astream(messages, stop, run_manager, **kwargs)]
+        return _collect(iter(chunks))
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        request = self._request(messages, stop, kwargs)
+        splitter = request.splitter()
+        result: GenerationResult | None = None
+        pieces = aiter_stream(lambda: _DeadlineStream(
+            request.engine.stream(request.prompt.token_ids, request.config), self.timeout))
+        async for item in pieces:
+            if isinstance(item, GenerationResult):
+                result = item
+                continue
+            chunk = _text_chunk(splitter.push(item))
+            if chunk is not None:
+                if run_manager:
+                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
+        assert result is not None
+        for chunk in self._final_chunks(request, splitter, result):
+            if run_manager and chunk.text:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
+
+    def _final_chunks(
+        self, request: _Request, splitter: ReplySplitter, result: GenerationResult | None
+    ) -> Iterator[ChatGenerationChunk]:
+        assert result is not None
+        content, calls = _final_reply(splitter, streamed=True)
+        chunks = [tool_call_chunk(name=c.name, args=json.dumps(c.arguments, ensure_ascii=False), id=c.id, index=i)
+                  for i, c in enumerate(calls)]
+        # usage and FLy stats ride on the last chunk only, so aggregating the stream counts them once
+        yield ChatGenerationChunk(message=AIMessageChunk(
+            content=content,
+            tool_call_chunks=chunks,
+            usage_metadata=_usage(result),
+            response_metadata=self._response_metadata(result),
+            chunk_position="last",
+        ))
+
+    def _deadline(self, stream) -> Iterator[str]:
+        return _DeadlineStream(stream, self.timeout)
+
+    # ------------------------------------------------------------------------------------ tools & output
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable | BaseTool],
+        *,
+        tool_choice: str | bool | dict | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        formatted = [validate_tool_schema(convert_to_openai_tool(t)) for t in tools]
+        choice = normalize_tool_choice(tool_choice, [t["function"]["name"] for t in formatted])
+        return super().bind(tools=formatted, tool_choice=choice, **kwargs)
+
+    def with_structured_output(
+        self,
+        schema: dict | type,
+        *,
+        method: Literal["function_calling", "json_schema", "json_mode"] = "function_calling",
+        include_raw: bool = False,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, dict | Any]:
+        kwargs.pop("strict", None)  # the reply is parsed, not grammar-constrained either way
+        if kwargs:
+            raise ValueError(f"unsupported arguments for with_structured_output: {sorted(kwargs)}")
+        is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        trace = {"ls_structured_output_format": {"kwargs": {"method": method}, "schema": schema}}
+        if method == "function_calling":
+            name = convert_to_openai_tool(schema)["function"]["name"]
+            llm = self.bind_tools([schema], tool_choice=name, **trace)
+            parser: Runnable = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
+                                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
+        elif method in ("json_schema", "json_mode"):
+            if method == "json_schema":
+                fmt = {"type": "json_schema", "json_schema": {"schema": convert_to_json_schema(schema)}}
+            else:
+                fmt = {"type": "json_object"}
+            llm = self.bind(response_format=fmt, **trace)
+            parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
+        else:
+            raise ValueError(f"method must be function_calling, json_schema or json_mode, got {method!r}")
+        if not include_raw:
+            return llm | parser
+        with_parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
+        without = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | with_parsed.with_fallbacks([without], exception_key="parsing_error")
+
+
+class _DeadlineStream:
+    """A generation stream that ends (closing the request) once ``timeout`` seconds have passed."""
+
+    def __init__(self, stream, timeout: float | None) -> None:
+        self.stream = stream
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+
+    @property
+    def result(self) -> GenerationResult | None:
+        return self.stream.result
+
+    def __iter__(self) -> Iterator[str]:
+        for piece in self.stream:
+            yield piece
+            if self.deadline is not None and time.monotonic() > self.deadline:
+                self.stream.close()
+                raise TimeoutError("generation exceeded the model's timeout; raise `timeout` or lower `max_tokens`")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stream.close()
+
+
+def _final_reply(splitter: ReplySplitter, streamed: bool = False) -> tuple[str, list[ToolCall]]:
+    rest, calls = splitter.finish()
+    return (rest if streamed else splitter.emitted), calls
+
+
+def _text_chunk(text: str) -> ChatGenerationChunk | None:
+    return ChatGenerationChunk(message=AIMessageChunk(content=text)) if text else None
+
+
+def _collect(chunks: Iterator[ChatGenerationChunk]) -> ChatResult:
+    merged: ChatGenerationChunk | None = None
+    for chunk in chunks:
+        merged = chunk if merged is None else merged + chunk
+    assert merged is not None
+    message = merged.message
+    return ChatResult(generations=[ChatGeneration(message=AIMessage(
+        content=message.content, tool_calls=message.tool_calls, usage_metadata=message.usage_metadata,
+        response_metadata=message.response_metadata, id=message.id,
+    ))])
+
+
+def _usage(result: GenerationResult) -> dict[str, int]:
+    s = result.stats
+    return {"input_tokens": s.prompt_tokens, "output_tokens": s.new_tokens,
+            "total_tokens": s.prompt_tokens + s.new_tokens}
+
+
+def _response_schema(response_format: dict | None) -> dict | None:
+    """JSON mode: {} for any object, the schema for json_schema; None when no JSON reply is asked for."""
+    if not response_format:
+        return None
+    if response_format.get("type") == "json_object":
+        return {}
+    if response_format.get("type") == "json_schema":
+        spec = response_format.get("json_schema", {})
+        return spec.get("schema", spec)
+    raise InvalidPromptError(f"response_format type must be json_object or json_schema, got {response_format!r}")
+
+
+def _text_of(content: str | list, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for block in content:
+        if isinstance(block, str):
+            parts.append(block)
+        elif isinstance(block, dict) and block.get("type") == "text":
+            parts.append(block.get("text", ""))
+        elif isinstance(block, dict) and block.get("type") in ("tool_use", "tool_call"):
+            continue  # carried by AIMessage.tool_calls
+        else:
+            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+            raise InvalidPromptError(
+                f"message {index} has a {kind!r} content block; this model reads text only "
+                "(pass text blocks or a string)"
+            )
+    return "".join(parts)
+
+
+def _to_chat_dict(message: BaseMessage, index: int = 0) -> dict[str, Any]:
+    content = _text_of(message.content, index)
+    if isinstance(message, SystemMessage):
+        return {"role": "system", "content": content}
+    if isinstance(message, HumanMessage):
+        return {"role": "user", "content": content}
+    if isinstance(message, AIMessage):
+        out: dict[str, Any] = {"role": "assistant", "content": content}
+        if message.tool_calls:
+            out["tool_calls"] = [{"type": "function", "id": c.get("id"),
+                                  "function": {"name": c["name"], "arguments": c["args"]}}
+                                 for c in message.tool_calls]
+        return out
+    if isinstance(message, ToolMessage):
+        if getattr(message, "status", "success") == "error":
+            content = f"Error: {content}"
+        return {"role": "tool", "content": content, "tool_call_id": message.tool_call_id}
+    if isinstance(message, ChatMessage):
+        return {"role": {"human": "user", "ai": "assistant"}.get(message.role, message.role), "content": content}
+    raise InvalidPromptError(
+        f"message {index} is a {type(message).__name__}; use System/Human/AI/Tool messages or ChatMessage"
+    )

@@ -1,0 +1,253 @@
+"""LlamaIndex LLM on the FLy runtime: messages in, engine call, ChatResponse / CompletionResponse out."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+    TextBlock,
+)
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
+from llama_index.core.tools import BaseTool
+from pydantic import Field, PrivateAttr
+
+from fly_integrations.params import OVERRIDABLE, FlyParams
+from fly_integrations.prompting import Prompt, render_prompt
+from fly_integrations.streaming import aiter_stream
+from fly_integrations.tool_calls import ReplySplitter
+from fly_integrations.tools import validate_tool_schema
+from fly_runtime import FlyEngine, GenerationConfig, GenerationResult
+from fly_runtime.errors import InvalidPromptError
+
+
+class FlyLLM(FlyParams, FunctionCallingLLM):
+    """A local LLM decoded with FLy speculative decoding, for query engines, chat engines and agents.
+
+    Shares loaded weights with every ``FlyChatModel`` / ``FlyLLM`` that has the same model settings.
+    """
+
+    stop: list[str] | None = Field(default=None, description="stop strings for every request")
+    _metadata: LLMMetadata | None = PrivateAttr(default=None)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "FlyLLM"
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        if self._metadata is None:
+            # the context window is the target's, which needs its config: load it once, on first ask
+            self._metadata = LLMMetadata(
+                context_window=self.engine().max_context,
+                num_output=self.max_tokens,
+                is_chat_model=True,
+                is_function_calling_model=True,
+                model_name=self.target,
+            )
+        return self._metadata
+
+    # ------------------------------------------------------------------------------------------ requests
+    def _prepare(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[FlyEngine, Prompt,
+                                                                                         GenerationConfig, set | None]:
+        engine = self.engine()
+        tools = kwargs.get("tools")
+        choice = "any" if kwargs.get("tool_required") and tools else None
+        prompt = render_prompt(engine.tokenizer, [_to_chat_dict(m, i) for i, m in enumerate(messages)], tools,
+                               choice)
+        stop = [*(kwargs.get("stop") or self.stop or []), *prompt.stop]
+        overrides = {k: kwargs[k] for k in OVERRIDABLE if k in kwargs}
+        names = {t["function"]["name"] for t in tools} if tools else None
+        return engine, prompt, self.generation_config(stop, **overrides), names
+
+    def _final(self, splitter: ReplySplitter, result: GenerationResult | None) -> ChatResponse:
+        """The last response of a request: whole content, tool calls, FLy stats; ``delta`` is unshown prose."""
+        assert result is not None
+        rest, calls = splitter.finish()
+        extra: dict[str, Any] = {}
+        if calls:
+            extra["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
+        fly = {**self.fly_metadata(result.stats), "finish_reason": result.finish_reason,
+               "prompt_tokens": result.stats.prompt_tokens, "completion_tokens": result.stats.new_tokens}
+        return ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content=splitter.emitted, additional_kwargs=extra),
+            delta=rest,
+            raw={"fly": fly},
+            additional_kwargs={"fly": fly},
+        )
+
+    @staticmethod
+    def _partial(splitter: ReplySplitter, delta: str) -> ChatResponse:
+        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=splitter.emitted), delta=delta)
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        engine, prompt, config, names = self._prepare(messages, kwargs)
+        splitter = ReplySplitter(prompt.prefill, names is not None, names)
+        stream = engine.stream(prompt.token_ids, config)
+        for piece in stream:
+            splitter.push(piece)
+        return self._final(splitter, stream.result)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        engine, prompt, config, names = self._prepare(messages, kwargs)
+
+        def gen() -> ChatResponseGen:
+            splitter = ReplySplitter(prompt.prefill, names is not None, names)
+            with engine.stream(prompt.token_ids, config) as stream:
+                for piece in stream:
+                    delta = splitter.push(piece)
+                    if delta:
+                        yield self._partial(splitter, delta)
+            yield self._final(splitter, stream.result)
+
+        return gen()
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        response = None
+        async for response in await self.astream_chat(messages, **kwargs):
+            pass
+        assert response is not None
+        return response
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        engine, prompt, config, names = self._prepare(messages, kwargs)
+
+        async def gen() -> ChatResponseAsyncGen:
+            splitter = ReplySplitter(prompt.prefill, names is not None, names)
+            async for item in aiter_stream(lambda: engine.stream(prompt.token_ids, config)):
+                if isinstance(item, GenerationResult):
+                    yield self._final(splitter, item)
+                elif delta := splitter.push(item):
+                    yield self._partial(splitter, delta)
+
+        return gen()
+
+    # ------------------------------------------------------------------------------------------ completion
+    def _as_messages(self, prompt: str, formatted: bool) -> list[ChatMessage]:
+        # the same chat formatting for every completion path, streamed or not
+        if not prompt.strip():
+            raise InvalidPromptError("the prompt is empty: pass some text")
+        messages = [ChatMessage(role=MessageRole.USER, content=prompt)]
+        if self.system_prompt and not formatted:
+            messages.insert(0, ChatMessage(role=MessageRole.SYSTEM, content=self.system_prompt))
+        return messages
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return _to_completion(self.chat(self._as_messages(prompt, formatted), **kwargs))
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        responses = self.stream_chat(self._as_messages(prompt, formatted), **kwargs)
+        return (_to_completion(r) for r in responses)
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return _to_completion(await self.achat(self._as_messages(prompt, formatted), **kwargs))
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        responses = await self.astream_chat(self._as_messages(prompt, formatted), **kwargs)
+
+        async def gen() -> CompletionResponseAsyncGen:
+            async for response in responses:
+                yield _to_completion(response)
+
+        return gen()
+
+    # ----------------------------------------------------------------------------------------------- tools
+    def _prepare_chat_with_tools(
+        self,
+        tools: Sequence[BaseTool],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        specs = [validate_tool_schema(t.metadata.to_openai_tool()) for t in tools]
+        messages = list(chat_history or [])
+        if user_msg is not None:
+            messages.append(ChatMessage(role=MessageRole.USER, content=user_msg) if isinstance(user_msg, str)
+                            else user_msg)
+        return {"messages": messages, "tools": specs or None, "tool_required": tool_required, **kwargs}
+
+    def _validate_chat_with_tools_response(
+        self,
+        response: ChatResponse,
+        tools: Sequence[BaseTool],
+        allow_parallel_tool_calls: bool = False,
+        **kwargs: Any,
+    ) -> ChatResponse:
+        if not allow_parallel_tool_calls:
+            calls = response.message.additional_kwargs.get("tool_calls", [])
+            if len(calls) > 1:
+                response.message.additional_kwargs["tool_calls"] = calls[:1]
+        return response
+
+    def get_tool_calls_from_response(
+        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
+    ) -> list[ToolSelection]:
+        calls = response.message.additional_kwargs.get("tool_calls", [])
+        if not calls and error_on_no_tool_call:
+            raise ValueError(f"expected at least one tool call, got none; the model said: {response.message.content!r}")
+        return [ToolSelection(tool_id=c["id"], tool_name=c["name"], tool_kwargs=c["arguments"]) for c in calls]
+
+
+def _to_completion(response: ChatResponse) -> CompletionResponse:
+    return CompletionResponse(text=response.message.content or "", delta=response.delta, raw=response.raw,
+                              additional_kwargs=response.additional_kwargs)
+
+
+def _text_of(message: ChatMessage, index: int) -> str:
+    parts = []
+    for block in message.blocks:
+        if isinstance(block, TextBlock):
+            parts.append(block.text)
+        else:
+            raise InvalidPromptError(
+                f"message {index} has a {type(block).__name__}; this model reads text only (pass TextBlocks)"
+            )
+    return "".join(parts)
+
+
+def _to_chat_dict(message: ChatMessage, index: int) -> dict[str, Any]:
+    role = message.role.value if isinstance(message.role, MessageRole) else str(message.role)
+    role = {"model": "assistant", "chatbot": "assistant", "developer": "system", "function": "tool"}.get(role, role)
+    out: dict[str, Any] = {"role": role, "content": _text_of(message, index)}
+    calls = message.additional_kwargs.get("tool_calls")
+    if role == "assistant" and calls:
+        out["tool_calls"] = [{"type": "function", "id": c.get("id"),
+                              "function": {"name": c["name"], "arguments": _arguments(c.get("arguments"))}}
+                             for c in calls]
+    if role == "tool":
+        out["tool_call_id"] = message.additional_kwargs.get("tool_call_id")
+    return out
+
+
+def _arguments(value: Any) -> dict:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+    return value or {}

@@ -1,0 +1,68 @@
+"""The settings both adapters expose, and how they become a model pair and a per-request config."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from fly_runtime import FlyEngine, GenerationConfig, ModelSettings, get_engine
+from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+
+# per-call keyword arguments that override a field for one request
+OVERRIDABLE = ("mode", "k", "window", "entropy_threshold", "ngram", "temperature", "top_k", "top_p", "seed",
+               "max_tokens")
+
+
+class FlyParams(BaseModel):
+    target: str = Field(default=DEFAULT_TARGET, description="target model: built-in name, dir, .gguf or Hub id")
+    draft: str | None = Field(default=DEFAULT_DRAFT, description="drafter (same tokenizer); None = n-grams only")
+    backend: Literal["auto", "torch", "onnx"] = "auto"
+    device: str | None = None
+    mode: Literal["ar", "exact", "fly"] = "fly"
+    k: int | None = None
+    window: int = 6
+    entropy_threshold: float = 0.3
+    ngram: bool = True
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    seed: int | None = None
+
+    @model_validator(mode="after")
+    def _check_generation_settings(self) -> "FlyParams":
+        self.generation_config()  # bad settings fail at construction, not at the first call
+        return self
+
+    def model_settings(self, target: str | None = None) -> ModelSettings:
+        return ModelSettings(target=target or self.target, draft=self.draft, backend=self.backend,
+                             device=self.device)
+
+    def engine(self, target: str | None = None) -> FlyEngine:
+        """The process-wide engine for these model settings (loaded on first use, shared by all instances).
+
+        ``target`` overrides the target for one call (LangChain's per-call ``model=``).
+        """
+        return get_engine(self.model_settings(target))
+
+    def generation_config(self, stop: list[str] | tuple[str, ...] | None = None, **overrides: Any) -> GenerationConfig:
+        values = {name: overrides.get(name, getattr(self, name)) for name in OVERRIDABLE}
+        return GenerationConfig(
+            mode=values["mode"], k=values["k"], window=values["window"],
+            entropy_threshold=values["entropy_threshold"], ngram=values["ngram"],
+            temperature=values["temperature"], top_k=values["top_k"], top_p=values["top_p"],
+            seed=values["seed"], max_new_tokens=values["max_tokens"], stop=tuple(stop or ()),
+        )
+
+    def fly_metadata(self, stats) -> dict[str, Any]:
+        return {
+            "model_name": self.target,
+            "fly_mode": self.mode,
+            "mean_accepted": stats.mean_accepted,
+            "acceptance_rate": stats.acceptance_rate,
+            "fly_forgiven": stats.fly_forgiven,
+            "tokens_per_second": stats.tokens_per_second,
+            "target_forwards": stats.target_forwards,
+            "k": stats.k,
+        }

@@ -1,0 +1,83 @@
+"""Chat messages -> prompt token ids through the target's chat template, with tools and tool-choice steering.
+
+Messages use the OpenAI-style dicts that chat templates expect: ``{"role", "content"}``, assistant
+``tool_calls`` as ``{"type": "function", "function": {"name", "arguments"}}``, tool results as role
+``tool``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from fly_runtime.errors import InvalidPromptError
+from fly_integrations.tool_calls import CLOSE, OPEN
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    token_ids: list[int]
+    prefill: str  # text already placed in the assistant turn; it belongs to the reply
+    stop: tuple[str, ...]  # stops the steering adds (one forced call ends at its closing tag)
+
+
+def check_messages(messages: list[dict]) -> None:
+    if not messages:
+        raise InvalidPromptError("the message list is empty: pass at least one message")
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ROLES:
+            raise InvalidPromptError(f"message {i} has unknown role {role!r}; use one of {', '.join(ROLES)}")
+        if not isinstance(message.get("content", ""), str):
+            raise InvalidPromptError(
+                f"message {i} content must be text, got {type(message['content']).__name__}: "
+                "this model reads text only (no images, audio or files)"
+            )
+    if not any(m.get("content") or m.get("tool_calls") for m in messages):
+        raise InvalidPromptError("every message is empty: give the model something to answer")
+
+
+def tool_choice_prefill(tool_choice: str | None, tool_names: list[str]) -> str:
+    """Assistant-turn text that steers the model to a call: ``any`` opens a call, a name also fixes it."""
+    if not tool_names or tool_choice in (None, "auto", "none"):
+        return ""
+    if tool_choice in ("any", "required"):
+        return f'{OPEN}\n{{"name": "'
+    if tool_choice in tool_names:
+        return f'{OPEN}\n{{"name": "{tool_choice}", "arguments": '
+    raise InvalidPromptError(
+        f"tool_choice {tool_choice!r} names no bound tool; bound tools: {', '.join(tool_names)} "
+        "(or use 'auto', 'any', 'none')"
+    )
+
+
+def render_prompt(
+    tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    tool_choice: str | None = None,
+    json_schema: dict | None = None,
+) -> Prompt:
+    """Token ids for the target, with tools rendered by the template and the reply steered as asked."""
+    check_messages(messages)
+    tools = tools if tools and tool_choice != "none" else None
+    names = [t["function"]["name"] for t in tools or []]
+    prefill = tool_choice_prefill(tool_choice, names)
+    stop: tuple[str, ...] = (CLOSE,) if prefill else ()
+    if json_schema is not None:
+        instruction = "Reply with one JSON object and nothing else."
+        if json_schema:
+            instruction += " It must follow this JSON schema:\n" + json.dumps(json_schema, ensure_ascii=False)
+        messages = _with_system_instruction(messages, instruction)
+        prefill = "{"
+    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    return Prompt(tokenizer.encode(text + prefill, add_special_tokens=False), prefill, stop)
+
+
+def _with_system_instruction(messages: list[dict], instruction: str) -> list[dict]:
+    if messages[0]["role"] == "system":
+        first = dict(messages[0], content=f"{messages[0]['content']}\n\n{instruction}".strip())
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": instruction}, *messages]

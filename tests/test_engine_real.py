@@ -1,0 +1,168 @@
+"""The engine on the real default pair (ONNX Runtime fp32 target, int8 drafter), offline."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fly_runtime import GenerationConfig, InvalidPromptError
+from tests.conftest import PROMPTS
+
+pytestmark = pytest.mark.real_model
+
+TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def runs(engine, chat_ids):
+    """ar / exact / fly greedy runs of every prompt, shared by the tests below."""
+    out = {mode: [] for mode in ("ar", "exact", "exact-no-ngram", "fly")}
+    for prompt in PROMPTS:
+        ids = chat_ids(prompt)
+        out["ar"].append(engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=TOKENS)))
+        out["exact"].append(engine.generate(ids, GenerationConfig(mode="exact", max_new_tokens=TOKENS)))
+        out["exact-no-ngram"].append(
+            engine.generate(ids, GenerationConfig(mode="exact", ngram=False, max_new_tokens=TOKENS)))
+        out["fly"].append(engine.generate(ids, GenerationConfig(mode="fly", max_new_tokens=TOKENS)))
+    return out
+
+
+def test_exact_is_token_identical_to_ar(runs):
+    for i, (ar, exact) in enumerate(zip(runs["ar"], runs["exact"])):
+        assert exact.token_ids == ar.token_ids, f"prompt {i}: {PROMPTS[i]!r}"
+        assert exact.text == ar.text
+    for ar, exact in zip(runs["ar"], runs["exact-no-ngram"]):
+        assert exact.token_ids == ar.token_ids
+
+
+def test_ar_takes_one_forward_per_token(runs):
+    for ar in runs["ar"]:
+        eos = 1 if ar.finish_reason == "stop" else 0  # the forward that produced EOS yields no token
+        assert ar.stats.target_forwards == ar.stats.new_tokens + eos
+
+
+def test_fly_accepts_more_tokens_per_forward_than_exact(runs):
+    def tau(results):
+        return sum(r.stats.new_tokens for r in results) / sum(r.stats.target_forwards for r in results)
+
+    assert tau(runs["exact"]) > 1.5
+    assert tau(runs["fly"]) > tau(runs["exact"])
+    assert sum(r.stats.fly_forgiven for r in runs["fly"]) > 0
+    assert all(r.stats.fly_forgiven == 0 for r in runs["exact"])
+
+
+def test_stats_are_consistent(runs):
+    for r in runs["exact"] + runs["fly"]:
+        s = r.stats
+        assert s.new_tokens == len(r.token_ids) <= TOKENS
+        assert s.native_accepted + s.fly_forgiven <= s.drafted_tokens
+        assert 0 <= s.acceptance_rate <= 1
+        assert s.tokens_per_second > 0 and s.seconds > 0
+        assert s.drafter_forwards > 0
+
+
+def test_max_new_tokens_and_eos(engine, chat_ids, runs):
+    long = runs["ar"][0]
+    assert long.finish_reason == "length" and long.stats.new_tokens == TOKENS
+    short = engine.generate(chat_ids("Reply with the single word: yes"), GenerationConfig(max_new_tokens=20))
+    assert short.finish_reason == "stop"
+    assert short.stats.new_tokens < 20
+    assert "<|im_end|>" not in short.text and not set(short.token_ids) & engine.eos_token_ids
+
+
+@pytest.mark.parametrize("mode", ["ar", "exact", "fly"])
+def test_multi_token_stop_string(engine, chat_ids, runs, mode):
+    reference = runs[mode][0]
+    text = reference.text
+    # a stop string of several tokens from the middle of the reply
+    start = len(text) // 2
+    stop = text[start : start + 12]
+    assert len(engine.tokenizer.encode(stop)) > 1
+    cut = text.index(stop)
+    stream = engine.stream(chat_ids(PROMPTS[0]), GenerationConfig(mode=mode, max_new_tokens=TOKENS, stop=(stop,)))
+    pieces = list(stream)
+    assert "".join(pieces) == stream.result.text == text[:cut]
+    assert stream.result.finish_reason == "stop"
+    assert len(stream.result.token_ids) < len(reference.token_ids)
+
+
+def test_streamed_pieces_never_split_characters(engine, chat_ids):
+    stream = engine.stream(chat_ids("Write the Japanese word for cat, then two emoji of cats."),
+                           GenerationConfig(max_new_tokens=30))
+    pieces = list(stream)
+    assert "".join(pieces) == stream.result.text
+    assert all("\ufffd" not in p for p in pieces)
+    assert any(ord(c) > 0x3000 for c in stream.result.text)
+
+
+def test_sampling_is_seeded_and_reproducible(engine, chat_ids):
+    ids = chat_ids(PROMPTS[6])
+    for mode in ("exact", "fly"):
+        a = engine.generate(ids, GenerationConfig(mode=mode, temperature=0.9, seed=11, max_new_tokens=24))
+        b = engine.generate(ids, GenerationConfig(mode=mode, temperature=0.9, seed=11, max_new_tokens=24))
+        assert a.token_ids == b.token_ids
+    others = {tuple(engine.generate(ids, GenerationConfig(mode="fly", temperature=1.0, seed=s,
+                                                          max_new_tokens=24)).token_ids) for s in range(3)}
+    assert len(others) > 1
+
+
+def test_bad_prompt_errors_then_engine_still_works(engine, chat_ids, runs):
+    with pytest.raises(InvalidPromptError, match="empty"):
+        engine.stream([], GenerationConfig())
+    with pytest.raises(InvalidPromptError, match=r"context window \(\d+ tokens\)"):
+        engine.stream([1] * 10, GenerationConfig(max_new_tokens=engine.max_context))
+    again = engine.generate(chat_ids(PROMPTS[1]), GenerationConfig(mode="exact", max_new_tokens=TOKENS))
+    assert again.token_ids == runs["ar"][1].token_ids
+
+
+def test_abandoned_stream_frees_the_engine(engine, chat_ids, runs):
+    stream = engine.stream(chat_ids(PROMPTS[2]), GenerationConfig(mode="fly", max_new_tokens=TOKENS))
+    for _ in range(3):
+        next(stream)
+    stream.close()
+    after = engine.generate(chat_ids(PROMPTS[0]), GenerationConfig(mode="exact", max_new_tokens=TOKENS))
+    assert after.token_ids == runs["ar"][0].token_ids
+
+
+def test_onnx_logits_match_pytorch(engine, chat_ids):
+    """The same target weights give the same logits in ONNX Runtime and in PyTorch."""
+    from fly_runtime.backends.torch_backend import TorchBackend
+    from fly_runtime.sources import resolve_model
+
+    ids = chat_ids(PROMPTS[0])
+    target = engine.target
+    with engine._lock:  # borrow the target's cache between requests
+        target.reset()
+        ort_logits = torch.cat([target.extend(ids), target.extend([ids[-1], 42, 43])])
+        target.reset()
+    torch_backend = TorchBackend(resolve_model("qwen2.5-coder-1.5b-instruct").hf_dir, device="cpu")
+    pt_logits = torch.cat([torch_backend.forward(ids), torch_backend.forward([ids[-1], 42, 43])])
+    del torch_backend
+    assert ort_logits.shape == pt_logits.shape
+    assert (ort_logits - pt_logits).abs().max().item() < 2e-2 * pt_logits.abs().max().item()
+    assert torch.equal(ort_logits.argmax(-1), pt_logits.argmax(-1))
+
+
+def test_cli_generate_json_offline():
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "fly_runtime.cli", "generate", "--json", "--max-new-tokens", "16",
+         "Write a Python function that adds two numbers."],
+        capture_output=True, text=True, env=env, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out) >= {"text", "token_ids", "stats"}
+    assert out["text"] and 0 < len(out["token_ids"]) <= 16
+    assert set(out["stats"]) >= {"new_tokens", "target_forwards", "mean_accepted", "acceptance_rate",
+                                 "fly_forgiven", "seconds", "tokens_per_second"}
+    assert out["stats"]["new_tokens"] == len(out["token_ids"])
+
+
+def test_cli_rejects_bad_settings_before_loading_models():
+    proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "generate", "--k", "0", "--mode", "exact", "x"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "k (drafts per round) must be >= 1" in proc.stderr

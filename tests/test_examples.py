@@ -1,0 +1,43 @@
+"""The examples run offline as a user would run them, and answer from their tools and documents."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.real_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_example(name: str, *args: str) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], capture_output=True, text=True,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1"), timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_langchain_rag_chain_answers_from_the_corpus():
+    from examples.langchain_rag import build_chain
+
+    answer = build_chain().invoke("How long does the Zephyr-9 rover's battery last on one charge?")
+    assert "41" in answer
+    answer = build_chain().invoke("Which keyword declares a function in the Quill language?")
+    assert "rite" in answer
+
+
+def test_langchain_agent_calls_the_calculator():
+    from examples.langchain_agent import run_agent
+
+    answer, messages = run_agent("What is 1234 * 5678? Use the calculator.")
+    calls = [c for m in messages for c in getattr(m, "tool_calls", [])]
+    assert calls and calls[0]["name"] == "calculator"
+    assert "1234" in calls[0]["args"]["expression"] and "5678" in calls[0]["args"]["expression"]
+    assert "7006652" in answer.replace(",", "").replace(" ", "")
+
+
+def test_langchain_examples_run_from_the_command_line():
+    assert "41" in run_example("langchain_rag.py")
+    assert "7006652" in run_example("langchain_agent.py").replace(",", "")
