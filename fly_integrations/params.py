@@ -10,8 +10,8 @@ from fly_runtime import FlyEngine, GenerationConfig, ModelSettings, get_engine
 from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 
 # per-call keyword arguments that override a field for one request
-OVERRIDABLE = ("mode", "k", "window", "entropy_threshold", "ngram", "temperature", "top_k", "top_p", "seed",
-               "max_tokens")
+OVERRIDABLE = ("mode", "k", "window", "entropy_threshold", "ngram", "adaptive", "temperature", "top_k", "top_p",
+               "seed", "max_tokens")
 
 
 class FlyParams(BaseModel):
@@ -24,6 +24,7 @@ class FlyParams(BaseModel):
     window: int = 6
     entropy_threshold: float = 0.3
     ngram: bool = True
+    adaptive: bool = True
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -50,7 +51,7 @@ class FlyParams(BaseModel):
         values = {name: overrides.get(name, getattr(self, name)) for name in OVERRIDABLE}
         return GenerationConfig(
             mode=values["mode"], k=values["k"], window=values["window"],
-            entropy_threshold=values["entropy_threshold"], ngram=values["ngram"],
+            entropy_threshold=values["entropy_threshold"], ngram=values["ngram"], adaptive=values["adaptive"],
             temperature=values["temperature"], top_k=values["top_k"], top_p=values["top_p"],
             seed=values["seed"], max_new_tokens=values["max_tokens"], stop=tuple(stop or ()),
         )

@@ -40,13 +40,14 @@ def check_messages(messages: list[dict]) -> None:
 
 
 def tool_choice_prefill(tool_choice: str | None, tool_names: list[str]) -> str:
-    """Assistant-turn text that steers the model to a call: ``any`` opens a call, a name also fixes it."""
+    """Assistant-turn text that steers the model to a call: ``any`` opens a call; a name also fixes the
+    tool and opens its arguments object, so the model cannot answer with a bare value."""
     if not tool_names or tool_choice in (None, "auto", "none"):
         return ""
     if tool_choice in ("any", "required"):
         return f'{OPEN}\n{{"name": "'
     if tool_choice in tool_names:
-        return f'{OPEN}\n{{"name": "{tool_choice}", "arguments": '
+        return f'{OPEN}\n{{"name": "{tool_choice}", "arguments": {{'
     raise InvalidPromptError(
         f"tool_choice {tool_choice!r} names no bound tool; bound tools: {', '.join(tool_names)} "
         "(or use 'auto', 'any', 'none')"

@@ -22,12 +22,14 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mode", choices=["ar", "exact", "fly"], default="fly")
     parser.add_argument("--k", type=int, default=None, help="drafts per round (default: 5 exact, 8 fly)")
     parser.add_argument("--window", type=int, default=6, help="FLy deferred window W")
     parser.add_argument("--entropy-threshold", type=float, default=0.3, help="FLy entropy gate θ")
     parser.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=True,
                         help="check prompt-lookup n-grams with the drafter before it drafts alone")
+    parser.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True,
+                        help="adapt the draft length, stop unsure drafts, fall back to plain decoding when "
+                             "speculation does not pay (--k fixes K and turns this off)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -37,8 +39,8 @@ def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
 
 def _config(args: argparse.Namespace, **extra) -> GenerationConfig:
     return GenerationConfig(
-        mode=args.mode, k=args.k, window=args.window, entropy_threshold=args.entropy_threshold, ngram=args.ngram,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        mode=getattr(args, "mode", "fly"), k=args.k, window=args.window, entropy_threshold=args.entropy_threshold, ngram=args.ngram,
+        adaptive=args.adaptive, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, **extra,
     )
 
@@ -78,8 +80,41 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print()
         print(f"[{args.mode}] {result.stats.new_tokens} tokens in {result.stats.seconds:.2f} s "
               f"({result.stats.tokens_per_second:.1f} tok/s), τ={result.stats.mean_accepted:.2f}, "
-              f"acceptance={result.stats.acceptance_rate:.2f}, forgiven={result.stats.fly_forgiven}",
+              f"acceptance={result.stats.acceptance_rate:.2f}, forgiven={result.stats.fly_forgiven}, "
+              f"mean K={result.stats.k:.1f}, plain steps={result.stats.plain_steps}",
               file=sys.stderr)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from fly_runtime.bench.runner import HF_ASSISTED, HfAssisted, ModeSpec, run_benchmark
+    from fly_runtime.bench.suites import default_data_dir, load_tasks
+    from fly_runtime.loader import get_engine
+    from fly_runtime.sources import resolve_model
+
+    modes = [ModeSpec.parse(m.strip()) for m in args.modes.split(",") if m.strip()]
+    base = _config(args)
+    for spec in modes:  # every mode's settings are checked before anything loads
+        if spec.mode != HF_ASSISTED:
+            GenerationConfig(**{**base.__dict__, "mode": spec.mode, "k": spec.k})
+    tasks = load_tasks(args.suite, Path(args.data) if args.data else default_data_dir(), args.limit,
+                       args.per_category)
+    if not tasks:
+        raise FlyError("no prompts selected: check --limit / --per-category")
+    settings = _model_settings(args)
+    engine = get_engine(settings)
+    hf = None
+    if any(spec.mode == HF_ASSISTED for spec in modes):
+        if settings.draft is None:
+            raise FlyError("hf-assisted needs a draft model")
+        hf = HfAssisted(resolve_model(settings.target).hf_dir, resolve_model(settings.draft).hf_dir)
+    described = {"target": settings.target, "draft": settings.draft, "backend": engine.target.backend.name,
+                 "k": args.k, "window": args.window, "entropy_threshold": args.entropy_threshold,
+                 "ngram": args.ngram, "adaptive": args.adaptive, "temperature": args.temperature}
+    run_benchmark(engine, tasks, modes, base, args.suite, Path(args.out), hf, described)
+    print((Path(args.out) / "summary.md").read_text())
     return 0
 
 
@@ -126,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate a reply (streamed) with the FLy engine")
     _add_model_args(gen)
+    gen.add_argument("--mode", choices=["ar", "exact", "fly"], default="fly")
     _add_decoding_args(gen)
     gen.add_argument("--stop", action="append", help="stop string (repeatable); may span several tokens")
     gen.add_argument("--system", default=None, help="system message (chat mode)")
@@ -134,6 +170,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--raw", dest="chat", action="store_false", help="feed the prompt as plain text")
     gen.add_argument("prompt", help="the prompt, or '-' to read it from stdin")
     gen.set_defaults(func=cmd_generate)
+
+    bench = sub.add_parser("bench", help="speed (Spec-Bench) and accuracy retention (GSM8K, HumanEval) per mode")
+    _add_model_args(bench)
+    _add_decoding_args(bench)
+    bench.set_defaults(max_new_tokens=128)
+    bench.add_argument("--suite", choices=["spec-bench", "gsm8k", "humaneval"], default="spec-bench")
+    bench.add_argument("--limit", type=int, default=None, help="first N prompts")
+    bench.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
+    bench.add_argument("--modes", default="ar,exact,fly",
+                       help="comma-separated: ar, exact, fly, hf-assisted; ':kN' fixes K (e.g. fly:k10)")
+    bench.add_argument("--data", default=None, help="folder with the benchmark files (default: ../shared/data)")
+    bench.add_argument("--out", required=True, help="output folder")
+    bench.set_defaults(func=cmd_bench)
 
     models = sub.add_parser("models", help="list, fetch or locate models")
     models.add_argument("action", choices=["list", "fetch", "path"])

@@ -23,6 +23,7 @@ class GenerationConfig:
     entropy_threshold: float = 0.3
     entropy_top_k: int = 3
     ngram: bool = True  # prompt-lookup n-grams checked by the drafter before it drafts on its own
+    adaptive: bool = True  # adapt K, stop unsure drafts, fall back to plain decoding (off when k is fixed)
     max_new_tokens: int = 256
     temperature: float = 0.0
     top_k: int = 0

@@ -16,6 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from fly_runtime.adaptive import DraftShape
 from fly_runtime.backends.base import CachedSequence
 from fly_runtime.sampling import Sampler
 
@@ -29,8 +30,8 @@ class Draft:
 
 
 class Drafter(Protocol):
-    def propose(self, context: Sequence[int], k: int, sampler: Sampler) -> Draft:
-        """Up to ``k`` tokens to follow ``context`` (prompt + committed ids)."""
+    def propose(self, context: Sequence[int], shape: DraftShape, sampler: Sampler) -> Draft:
+        """Up to ``shape.k`` tokens to follow ``context`` (prompt + committed ids)."""
         ...
 
     def commit(self, context: Sequence[int]) -> None:
@@ -70,8 +71,8 @@ class NgramDrafter:
                 return ids[start : start + limit].tolist()
         return []
 
-    def propose(self, context: Sequence[int], k: int, sampler: Sampler) -> Draft:
-        tokens = self.lookup(context, k)
+    def propose(self, context: Sequence[int], shape: DraftShape, sampler: Sampler) -> Draft:
+        tokens = self.lookup(context, shape.k)
         probs = None
         if not sampler.greedy and self.vocab_size is not None:
             probs = _one_hot_rows(tokens, self.vocab_size)  # a deterministic proposal is a one-hot draw
@@ -87,31 +88,57 @@ class NgramDrafter:
 class ModelDrafter:
     """A small LM as drafter, optionally fed n-gram proposals first (the multi-level cascade)."""
 
+    # with gating on, n-grams stay in use while the drafter keeps at least this share of what they propose
+    NGRAM_MIN_KEPT = 0.25
+    NGRAM_TRIAL = 16  # proposed tokens before the share is judged
+
     def __init__(self, sequence: CachedSequence, vocab_size: int, ngram: NgramDrafter | None = None) -> None:
         self.sequence = sequence
         self.vocab_size = vocab_size
         self.ngram = ngram
+        self._ngram_proposed = 0
+        self._ngram_kept = 0
 
-    def propose(self, context: Sequence[int], k: int, sampler: Sampler) -> Draft:
+    def _ngrams_useful(self, shape: DraftShape) -> bool:
+        if self.ngram is None:
+            return False
+        if not shape.gate_ngrams or self._ngram_proposed < self.NGRAM_TRIAL:
+            return True
+        return self._ngram_kept >= self.NGRAM_MIN_KEPT * self._ngram_proposed
+
+    def propose(self, context: Sequence[int], shape: DraftShape, sampler: Sampler) -> Draft:
         draft = Draft()
         rows: list[torch.Tensor] = []
         feed = self.sequence.pending(context)  # ids the drafter has not seen yet (at least the last one)
-        while len(draft.token_ids) < k:
-            room = k - len(draft.token_ids)
-            proposal = self.ngram.lookup(list(context) + draft.token_ids, room - 1) if self.ngram else []
+        limit = shape.k
+        doubted = False
+        while len(draft.token_ids) < limit:
+            room = limit - len(draft.token_ids)
+            use_ngrams = self._ngrams_useful(shape)
+            proposal = self.ngram.lookup(list(context) + draft.token_ids, room - 1) if use_ngrams else []
             cached_before = len(self.sequence)
             logits = self.sequence.extend(feed + proposal)[len(feed) - 1 :]  # predictions after each proposal
             draft.forwards += 1
             agree = 0
             while agree < len(proposal) and int(logits[agree].argmax()) == proposal[agree]:
                 agree += 1
+            self._ngram_proposed += len(proposal)
+            self._ngram_kept += agree
             # proposals the drafter disagrees with must not stay in its cache
             self.sequence.crop(cached_before + len(feed) + agree)
-            token, probs = sampler.pick(logits[agree][: self.vocab_size])
+            row = logits[agree][: self.vocab_size]
+            token, probs = sampler.pick(row)
             draft.token_ids.extend(proposal[:agree] + [token])
             if probs is not None:
                 rows.extend([_one_hot_rows(proposal[:agree], self.vocab_size), probs[None]])
             feed = [token]
+            if shape.confidence_floor > 0:
+                confidence = float((probs if probs is not None else row.float().softmax(-1)).max())
+                if confidence < shape.confidence_floor:
+                    if doubted or shape.extension == 0:
+                        break
+                    doubted = True  # FLy: keep drafting a window's worth so a mismatch here can be forgiven
+                    limit = min(limit, len(draft.token_ids) + shape.extension)
         if rows:
             draft.probs = torch.cat(rows)
         return draft
@@ -122,3 +149,4 @@ class ModelDrafter:
 
     def reset(self) -> None:
         self.sequence.reset()
+        self._ngram_proposed = self._ngram_kept = 0

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from fly_runtime.adaptive import DraftPolicy, DraftShape
 from fly_runtime.backends.base import CachedSequence
 from fly_runtime.config import GenerationConfig
 from fly_runtime.drafters import Drafter
@@ -31,7 +32,8 @@ class GenerationStats:
     drafted_tokens: int = 0
     native_accepted: int = 0
     fly_forgiven: int = 0
-    k: int = 0
+    k: float = 0.0  # mean draft length per speculative round
+    plain_steps: int = 0  # steps decoded without speculation (measuring, or falling back)
     seconds: float = 0.0
 
     @property
@@ -111,6 +113,7 @@ class FlyEngine:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_context = max_context
         self._lock = threading.Lock()
+        self._plain_step_seconds: float | None = None  # measured cost of one plain target step
 
     # ----------------------------------------------------------------------------------------------- API
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig) -> GenerationStream:
@@ -146,7 +149,8 @@ class FlyEngine:
             sampler = Sampler(config.temperature, config.top_k, config.top_p, generator)
             rule = FlyRule(config.window, config.entropy_threshold, config.entropy_top_k) \
                 if config.mode == "fly" else None
-            stats = GenerationStats(prompt_tokens=len(prompt), k=config.draft_length if config.mode != "ar" else 0)
+            stats = GenerationStats(prompt_tokens=len(prompt))
+            policy = DraftPolicy(config, self._plain_step_seconds) if config.mode != "ar" else None
             text = StopTextStream(self.tokenizer, config.stop)
             committed: list[int] = []
             finish = "length"
@@ -170,12 +174,17 @@ class FlyEngine:
                     if len(committed) >= config.max_new_tokens:
                         break
                     remaining = config.max_new_tokens - len(committed)
-                    if config.mode == "ar":
+                    step_start = time.perf_counter()
+                    if policy is None or policy.next_is_plain() or remaining == 1:
                         new = self._plain_step(committed[-1], sampler, stats)
+                        if policy is not None:
+                            policy.record_plain(time.perf_counter() - step_start)
+                            self._plain_step_seconds = policy.plain_step_seconds
                     else:
                         drafter = self.ngram_drafter if config.ngram else self.drafter
-                        new = self._speculative_step(drafter, prompt + committed,
-                                                     min(config.draft_length, remaining - 1), sampler, rule, stats)
+                        new, drafted, accepted = self._speculative_step(
+                            drafter, prompt + committed, policy.shape(remaining - 1), sampler, rule, stats)
+                        policy.record_round(drafted, accepted, len(new), time.perf_counter() - step_start)
                 tail = text.finish()
                 if tail:
                     yield tail
@@ -186,6 +195,9 @@ class FlyEngine:
                     self.drafter.reset()
             stats.new_tokens = len(text.token_ids)
             stats.seconds = time.perf_counter() - start
+            if policy is not None:
+                stats.k = policy.mean_k
+                stats.plain_steps = policy.plain_steps
             stream.result = GenerationResult(text.released, list(text.token_ids), finish, stats)
 
     def _clip(self, new: list[int], budget: int) -> tuple[list[int], bool]:
@@ -205,13 +217,14 @@ class FlyEngine:
         self,
         drafter: Drafter,
         context: list[int],
-        k: int,
+        shape: DraftShape,
         sampler: Sampler,
         rule: FlyRule | None,
         stats: GenerationStats,
-    ) -> list[int]:
-        draft = drafter.propose(context, k, sampler) if k > 0 else None
-        draft_ids = draft.token_ids if draft else []
+    ) -> tuple[list[int], int, int]:
+        """One round; returns the committed tokens, how many were drafted and how many drafts were kept."""
+        draft = drafter.propose(context, shape, sampler)
+        draft_ids = draft.token_ids
         cached = len(self.target)  # the target has seen all of context but its last token
         logits = self.target.extend([context[-1], *draft_ids])[:, : self.vocab_size]
         stats.target_forwards += 1
@@ -220,16 +233,14 @@ class FlyEngine:
             verdict = verify_greedy(logits, ids, rule)
         else:
             target_probs = sampler.probs(logits)
-            draft_probs = draft.probs if draft is not None and draft.probs is not None \
-                else torch.zeros(0, self.vocab_size)
+            draft_probs = draft.probs if draft.probs is not None else torch.zeros(0, self.vocab_size)
             verdict = verify_sampling(target_probs, draft_probs, ids, sampler.generator, rule)
-        if draft is not None:
-            stats.drafter_forwards += draft.forwards
-            stats.drafted_tokens += len(draft_ids)
+        stats.drafter_forwards += draft.forwards
+        stats.drafted_tokens += len(draft_ids)
         stats.native_accepted += verdict.native
         stats.fly_forgiven += verdict.forgiven
         kept = draft_ids[: verdict.accepted]
         # the target keeps context + kept drafts; the new token is fed at the start of the next round
         self.target.crop(cached + 1 + verdict.accepted)
         drafter.commit(context + kept + [verdict.next_token])
-        return kept + [verdict.next_token]
+        return kept + [verdict.next_token], len(draft_ids), verdict.accepted

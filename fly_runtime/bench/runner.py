@@ -1,0 +1,239 @@
+"""Run modes interleaved per prompt, write results.jsonl, summary.json / summary.md and speed.png."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from fly_runtime.bench.suites import SCORERS, Task
+from fly_runtime.config import GenerationConfig
+from fly_runtime.engine import FlyEngine
+
+HF_ASSISTED = "hf-assisted"
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """A mode to benchmark: ``ar``, ``exact``, ``fly`` or ``hf-assisted``, optionally with a fixed K (``fly:k10``)."""
+
+    label: str
+    mode: str
+    k: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "ModeSpec":
+        name, _, option = text.partition(":")
+        if name not in ("ar", "exact", "fly", HF_ASSISTED):
+            raise ValueError(f"unknown mode {name!r}: use ar, exact, fly, hf-assisted (optionally :kN)")
+        k = None
+        if option:
+            if not option.startswith("k") or not option[1:].isdigit():
+                raise ValueError(f"mode option {option!r} must look like k8")
+            k = int(option[1:])
+        return cls(text, name, k)
+
+
+class HfAssisted:
+    """transformers' assisted generation on the same pair in PyTorch: the baseline users would pick instead."""
+
+    def __init__(self, target_dir: Path, draft_dir: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+        self.draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos: set[int], tokenizer) -> dict:
+        torch = self.torch
+        ids = torch.tensor([prompt_ids])
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=self.draft,
+                                       max_new_tokens=max_new_tokens, do_sample=False,
+                                       eos_token_id=sorted(eos), pad_token_id=sorted(eos)[0])
+        seconds = time.perf_counter() - start
+        new = out[0, len(prompt_ids):].tolist()
+        for i, t in enumerate(new):
+            if t in eos:
+                new = new[:i]
+                break
+        return {"new_tokens": len(new), "seconds": seconds, "mean_accepted": None, "acceptance_rate": None,
+                "fly_forgiven": None, "k": None, "text": tokenizer.decode(new, skip_special_tokens=True)}
+
+
+def measure_verify_cost(engine: FlyEngine, context: int = 256, repeats: int = 5) -> dict:
+    """Target cost of one decoding step vs one verification of 8 tokens, at a realistic context length."""
+    sequence = engine.target
+    with engine._lock:
+        sequence.reset()
+        sequence.extend([engine.tokenizer.encode(" the")[0]] * context)
+
+        def timed(n: int) -> float:
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                sequence.extend([42] * n)
+                samples.append(time.perf_counter() - start)
+                sequence.crop(context)
+            return statistics.median(samples) * 1000
+
+        step_ms, verify_ms = timed(1), timed(8)
+        sequence.reset()
+    return {"step_ms": step_ms, "verify_8_ms": verify_ms, "ratio": verify_ms / step_ms}
+
+
+def run_benchmark(
+    engine: FlyEngine,
+    tasks: list[Task],
+    modes: list[ModeSpec],
+    base: GenerationConfig,
+    suite: str,
+    out_dir: Path,
+    hf: HfAssisted | None = None,
+    settings: dict | None = None,
+) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scorer = SCORERS.get(suite)
+    encode = lambda task: engine.tokenizer.apply_chat_template(task.messages, add_generation_prompt=True)  # noqa: E731
+
+    def run(spec: ModeSpec, ids: list[int]) -> dict:
+        if spec.mode == HF_ASSISTED:
+            assert hf is not None
+            return hf.generate(ids, base.max_new_tokens, set(engine.eos_token_ids), engine.tokenizer)
+        config = GenerationConfig(**{**base.__dict__, "mode": spec.mode, "k": spec.k})
+        result = engine.generate(ids, config)
+        s = result.stats
+        return {"new_tokens": s.new_tokens, "seconds": s.seconds, "mean_accepted": s.mean_accepted,
+                "acceptance_rate": s.acceptance_rate, "fly_forgiven": s.fly_forgiven, "k": s.k,
+                "target_forwards": s.target_forwards, "text": result.text}
+
+    warmup = encode(tasks[0])
+    for spec in modes:  # loads lazily-initialised kernels and caches; not counted
+        run(spec, warmup[: min(len(warmup), 64)])
+
+    rows = []
+    with open(out_dir / "results.jsonl", "w") as log, \
+            tqdm(total=len(tasks) * len(modes), desc=f"fly bench {suite}", unit="run") as bar:
+        for task in tasks:
+            ids = encode(task)
+            for spec in modes:  # interleaved, so machine drift hits every mode alike
+                row = {"task_id": task.task_id, "category": task.category, "mode": spec.label, **run(spec, ids)}
+                row["tokens_per_second"] = row["new_tokens"] / row["seconds"] if row["seconds"] else 0.0
+                if scorer:
+                    row["correct"] = scorer(task, row["text"])
+                rows.append(row)
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+                bar.update()
+    summary = summarise(rows, modes, suite, base, settings or {})
+    summary["verify_cost"] = measure_verify_cost(engine)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "summary.md").write_text(render_markdown(summary))
+    plot_speed(summary, out_dir / "speed.png")
+    return summary
+
+
+def _aggregate(rows: list[dict], ar_by_task: dict[str, float], scored: bool) -> dict:
+    tokens = sum(r["new_tokens"] for r in rows)
+    seconds = sum(r["seconds"] for r in rows)
+    ratios = [r["tokens_per_second"] / ar_by_task[r["task_id"]] for r in rows if ar_by_task.get(r["task_id"])]
+    forwards = [r.get("target_forwards") for r in rows]
+    out = {
+        "tokens_per_second": tokens / seconds if seconds else 0.0,
+        "speedup_vs_ar": statistics.mean(ratios) if ratios else None,
+        "mean_accepted": sum(r["new_tokens"] for r in rows) / sum(forwards) if all(forwards) else None,
+    }
+    if scored:
+        out["accuracy"] = sum(bool(r["correct"]) for r in rows) / len(rows)
+    return out
+
+
+def summarise(rows: list[dict], modes: list[ModeSpec], suite: str, base: GenerationConfig, settings: dict) -> dict:
+    scored = suite in SCORERS
+    ar_by_task = {r["task_id"]: r["tokens_per_second"] for r in rows if r["mode"] == "ar"}
+    categories = sorted({r["category"] for r in rows})
+    summary = {
+        "suite": suite,
+        "n_prompts": len({r["task_id"] for r in rows}),
+        "max_new_tokens": base.max_new_tokens,
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d")},
+        "settings": settings,
+        "overall": {m.label: _aggregate([r for r in rows if r["mode"] == m.label], ar_by_task, scored)
+                    for m in modes},
+        "categories": {c: {m.label: _aggregate([r for r in rows if r["mode"] == m.label and r["category"] == c],
+                                               ar_by_task, scored) for m in modes} for c in categories},
+    }
+    if scored and "ar" in summary["overall"] and "fly" in summary["overall"]:
+        ar_acc = summary["overall"]["ar"]["accuracy"]
+        summary["fly_retention"] = summary["overall"]["fly"]["accuracy"] / ar_acc if ar_acc else None
+    return summary
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "–" if value is None else pattern.format(value)
+
+
+def render_markdown(summary: dict) -> str:
+    modes = list(summary["overall"])
+    scored = any("accuracy" in v for v in summary["overall"].values())
+    head = "| category | " + " | ".join(f"{m} tok/s | {m} speedup | {m} τ" + (f" | {m} acc" if scored else "")
+                                        for m in modes) + " |"
+    cells_per_mode = 4 if scored else 3
+    lines = [f"# fly bench: {summary['suite']}", "",
+             f"{summary['n_prompts']} prompts, {summary['max_new_tokens']} new tokens max, "
+             f"{summary['machine']['cpus']} CPUs, {summary['machine']['date']}.", "",
+             head, "|" + " --- |" * (1 + cells_per_mode * len(modes))]
+
+    def row(name: str, stats: dict) -> str:
+        cells = []
+        for m in modes:
+            s = stats[m]
+            cells += [_fmt(s["tokens_per_second"], "{:.2f}"), _fmt(s["speedup_vs_ar"], "{:.2f}x"),
+                      _fmt(s["mean_accepted"], "{:.2f}")]
+            if scored:
+                cells.append(_fmt(s.get("accuracy"), "{:.1%}"))
+        return f"| {name} | " + " | ".join(cells) + " |"
+
+    lines += [row(c, s) for c, s in summary["categories"].items()]
+    lines.append(row("**overall**", summary["overall"]))
+    cost = summary.get("verify_cost")
+    if cost:
+        lines += ["", f"Target cost: one decoding step {cost['step_ms']:.1f} ms, verifying 8 tokens "
+                      f"{cost['verify_8_ms']:.1f} ms ({cost['ratio']:.2f}x)."]
+    if summary.get("fly_retention") is not None:
+        lines += ["", f"FLy accuracy retention: {summary['fly_retention']:.1%} of `ar`."]
+    return "\n".join(lines) + "\n"
+
+
+def plot_speed(summary: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = [m for m in summary["overall"] if m != "ar"]
+    groups = [*summary["categories"], "overall"]
+    stats = {**summary["categories"], "overall": summary["overall"]}
+    width = 0.8 / max(len(modes), 1)
+    fig, ax = plt.subplots(figsize=(max(8, len(groups) * 0.9), 4.5))
+    for i, mode in enumerate(modes):
+        values = [stats[g][mode]["speedup_vs_ar"] or 0 for g in groups]
+        ax.bar([x + i * width for x in range(len(groups))], values, width, label=mode)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(groups))], groups, rotation=35, ha="right")
+    ax.set_ylabel("speedup vs ar (mean of per-prompt ratios)")
+    ax.set_title(f"fly bench {summary['suite']}: {summary['n_prompts']} prompts, "
+                 f"{summary['max_new_tokens']} new tokens")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

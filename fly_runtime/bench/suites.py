@@ -1,0 +1,142 @@
+"""Benchmark prompts and how each suite scores an answer."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SUITES = ("spec-bench", "gsm8k", "humaneval")
+
+
+@dataclass
+class Task:
+    task_id: str
+    category: str
+    messages: list[dict]
+    reference: dict = field(default_factory=dict)  # what scoring needs (answer number, tests, ...)
+
+
+def default_data_dir() -> Path:
+    """``$FLY_BENCH_DATA``, else the ``shared/data`` folder beside the project checkout."""
+    env = os.environ.get("FLY_BENCH_DATA")
+    candidates = [Path(env)] if env else []
+    candidates += [Path(__file__).resolve().parents[3] / "shared" / "data", Path.cwd().parent / "shared" / "data"]
+    for path in candidates:
+        if path.is_dir():
+            return path
+    raise FileNotFoundError(
+        "benchmark data not found (looked in " + ", ".join(map(str, candidates)) + "); pass --data PATH"
+    )
+
+
+def load_tasks(suite: str, data_dir: Path, limit: int | None = None, per_category: int | None = None) -> list[Task]:
+    loaders: dict[str, Callable[[Path], list[Task]]] = {
+        "spec-bench": _spec_bench, "gsm8k": _gsm8k, "humaneval": _humaneval,
+    }
+    if suite not in loaders:
+        raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
+    tasks = loaders[suite](data_dir)
+    if per_category is not None:
+        seen: dict[str, int] = {}
+        kept = []
+        for task in tasks:
+            if seen.get(task.category, 0) < per_category:
+                seen[task.category] = seen.get(task.category, 0) + 1
+                kept.append(task)
+        tasks = kept
+    return tasks[:limit] if limit is not None else tasks
+
+
+def _jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _spec_bench(data_dir: Path) -> list[Task]:
+    return [Task(f"spec-bench/{row['question_id']}", row["category"],
+                 [{"role": "user", "content": row["turns"][0]}])
+            for row in _jsonl(data_dir / "spec_bench_question.jsonl")]
+
+
+GSM8K_INSTRUCTION = "Solve the problem step by step. End with a line 'The answer is N.' where N is a number."
+
+
+def _gsm8k(data_dir: Path) -> list[Task]:
+    tasks = []
+    for i, row in enumerate(_jsonl(data_dir / "gsm8k_test.jsonl")):
+        answer = row["answer"].split("####")[-1].strip().replace(",", "")
+        tasks.append(Task(f"gsm8k/{i}", "math", [{"role": "system", "content": GSM8K_INSTRUCTION},
+                                                 {"role": "user", "content": row["question"]}], {"answer": answer}))
+    return tasks
+
+
+def _humaneval(data_dir: Path) -> list[Task]:
+    tasks = []
+    for row in _jsonl(data_dir / "HumanEval.jsonl.gz"):
+        ask = ("Complete the following Python function. Reply with the whole function in one ```python block.\n\n"
+               f"```python\n{row['prompt']}```")
+        tasks.append(Task(row["task_id"], "coding", [{"role": "user", "content": ask}],
+                          {"prompt": row["prompt"], "test": row["test"], "entry_point": row["entry_point"]}))
+    return tasks
+
+
+# --------------------------------------------------------------------------------------------- scoring
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def last_number(text: str) -> str | None:
+    found = _NUMBER.findall(text)
+    if not found:
+        return None
+    value = found[-1].replace(",", "").rstrip(".")
+    return value[:-2] if value.endswith(".0") else value
+
+
+def score_gsm8k(task: Task, text: str) -> bool:
+    got = last_number(text)
+    if got is None:
+        return False
+    try:
+        return float(got) == float(task.reference["answer"])
+    except ValueError:
+        return False
+
+
+_CODE_BLOCK = re.compile(r"```(?:python|py)?\n(.*?)```", re.S)
+
+
+def extract_program(task: Task, text: str) -> str:
+    """The program to test: the reply's code block, completed with the prompt's imports if it needs them."""
+    blocks = _CODE_BLOCK.findall(text) or [text.split("```python\n")[-1]]
+    code = max(blocks, key=len)
+    if f"def {task.reference['entry_point']}" not in code:
+        code = task.reference["prompt"] + code  # a body without its signature
+    header = "\n".join(line for line in task.reference["prompt"].splitlines()
+                       if line.startswith(("import ", "from ")))
+    return f"{header}\n{code}"
+
+
+def score_humaneval(task: Task, text: str, timeout: float = 15.0) -> bool:
+    """Run the reply against the problem's tests in a separate Python process (never in-process)."""
+    program = (f"{extract_program(task, text)}\n\n{task.reference['test']}\n\n"
+               f"check({task.reference['entry_point']})\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "solution.py"
+        path.write_text(program)
+        try:
+            proc = subprocess.run([sys.executable, str(path)], cwd=tmp, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+    return proc.returncode == 0
+
+
+SCORERS: dict[str, Callable[[Task, str], bool]] = {"gsm8k": score_gsm8k, "humaneval": score_humaneval}

@@ -1,0 +1,69 @@
+"""fly bench: suite loading and scoring (no model), and one short real run checking every output."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fly_runtime.bench.runner import ModeSpec
+from fly_runtime.bench.suites import default_data_dir, last_number, load_tasks, score_gsm8k, score_humaneval
+
+
+@pytest.fixture(scope="module")
+def data_dir():
+    return default_data_dir()
+
+
+def test_spec_bench_first_turns_per_category(data_dir):
+    tasks = load_tasks("spec-bench", data_dir, per_category=2)
+    categories = {t.category for t in tasks}
+    assert len(categories) == 13 and len(tasks) == 26
+    assert all(len(t.messages) == 1 and t.messages[0]["role"] == "user" for t in tasks)
+
+
+def test_gsm8k_scoring_uses_the_last_number(data_dir):
+    task = load_tasks("gsm8k", data_dir, limit=1)[0]
+    assert task.reference["answer"] == "18"
+    assert score_gsm8k(task, "16 - 3 - 4 = 9 eggs, 9 * 2 = 18. The answer is 18.")
+    assert not score_gsm8k(task, "The answer is 18. Wait, no: 20")
+    assert last_number("costs $1,234.50.") == "1234.50" and last_number("no digits") is None
+
+
+def test_humaneval_runs_tests_in_a_subprocess(data_dir):
+    import gzip
+
+    rows = [json.loads(line) for line in gzip.open(data_dir / "HumanEval.jsonl.gz", "rt")]
+    task = load_tasks("humaneval", data_dir, limit=1)[0]
+    good = f"```python\n{rows[0]['prompt']}{rows[0]['canonical_solution']}```"
+    assert score_humaneval(task, good)
+    assert not score_humaneval(task, "```python\ndef has_close_elements(numbers, threshold):\n    return True\n```")
+    assert not score_humaneval(task, "```python\ndef has_close_elements(n, t):\n    while True: pass\n```",
+                               timeout=2)
+
+
+def test_mode_specs():
+    assert ModeSpec.parse("fly:k10") == ModeSpec("fly:k10", "fly", 10)
+    with pytest.raises(ValueError, match="unknown mode"):
+        ModeSpec.parse("fast")
+
+
+@pytest.mark.real_model
+def test_bench_run_writes_results_summary_and_plot(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "bench", "--suite", "gsm8k", "--limit", "2",
+                           "--max-new-tokens", "24", "--modes", "ar,exact,fly", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["mode"] for r in rows] == ["ar", "exact", "fly"] * 2  # interleaved per prompt
+    assert all({"tokens_per_second", "mean_accepted", "fly_forgiven", "text", "correct"} <= set(r) for r in rows)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["suite"] == "gsm8k" and summary["n_prompts"] == 2 and summary["max_new_tokens"] == 24
+    for mode in ("ar", "exact", "fly"):
+        assert set(summary["overall"][mode]) == {"tokens_per_second", "speedup_vs_ar", "mean_accepted", "accuracy"}
+    assert summary["overall"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert set(summary["verify_cost"]) == {"step_ms", "verify_8_ms", "ratio"}
+    assert "fly_retention" in summary and "math" in summary["categories"]
+    assert (out / "speed.png").stat().st_size > 10_000
+    assert "| **overall** |" in (out / "summary.md").read_text()

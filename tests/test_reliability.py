@@ -1,0 +1,180 @@
+"""One shared engine under concurrent callers, abandoned streams, a soak, and bad input (real pair)."""
+
+import asyncio
+import gc
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+from langchain_core.messages import ChatMessage, HumanMessage
+
+from fly_integrations import FlyChatModel, FlyLLM
+from fly_runtime import (
+    IncompatibleModelsError,
+    InvalidPromptError,
+    InvalidSettingsError,
+    ModelIntegrityError,
+    ModelNotFoundError,
+    ModelSettings,
+    load_engine,
+)
+from fly_integrations.tool_calls import parse_tool_calls
+
+pytestmark = pytest.mark.real_model
+
+REQUESTS = [
+    ("Name three primary colours.", "fly"),
+    ("Write a Python one-liner that sums a list.", "exact"),
+    ("What is the capital of Italy?", "ar"),
+    ("Translate 'good morning' to German.", "fly"),
+    ("Write a haiku about rain.", "exact"),
+    ("Give a synonym for 'fast'.", "fly"),
+    ("Write a SQL query selecting all rows of table t.", "ar"),
+    ("What does CPU stand for?", "exact"),
+]
+
+
+def ask(prompt: str, mode: str) -> str:
+    return FlyChatModel(mode=mode, max_tokens=16).invoke([HumanMessage(prompt)]).content
+
+
+@pytest.fixture(scope="module")
+def alone():
+    """Each request run by itself: the reference every concurrent run must equal (T=0)."""
+    return [ask(p, m) for p, m in REQUESTS]
+
+
+def test_eight_threads_get_their_own_answers(alone):
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(lambda r: ask(*r), REQUESTS))
+    assert answers == alone
+
+
+async def test_eight_asyncio_tasks_get_their_own_answers(alone):
+    async def one(prompt: str, mode: str) -> str:
+        return (await FlyChatModel(mode=mode, max_tokens=16).ainvoke([HumanMessage(prompt)])).content
+
+    answers = await asyncio.gather(*(one(p, m) for p, m in REQUESTS))
+    assert list(answers) == alone
+
+
+async def test_llama_index_async_tasks_mixed_with_langchain(alone):
+    async def li(prompt: str, mode: str) -> str:
+        return (await FlyLLM(mode=mode, max_tokens=16).acomplete(prompt)).text
+
+    answers = await asyncio.gather(*(li(p, m) for p, m in REQUESTS[:4]),
+                                   asyncio.to_thread(lambda: [ask(p, m) for p, m in REQUESTS[4:]]))
+    assert [*answers[:4], *answers[4]] == alone
+
+
+def test_abandoned_stream_then_normal_request(alone):
+    stream = FlyChatModel(max_tokens=64).stream([HumanMessage("Write a long story about a dragon.")])
+    for _ in range(3):
+        next(stream)
+    stream.close()
+    assert ask(*REQUESTS[0]) == alone[0]
+
+
+async def test_cancelled_async_stream_then_normal_request(alone):
+    async def consume():
+        async for _ in FlyChatModel(max_tokens=64).astream([HumanMessage("Write a long poem about the sea.")]):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(1.0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    answer = await FlyChatModel(mode=REQUESTS[1][1], max_tokens=16).ainvoke([HumanMessage(REQUESTS[1][0])])
+    assert answer.content == alone[1]
+
+
+# ------------------------------------------------------------------------------------------ bad input
+def _still_works(alone) -> None:
+    assert ask(*REQUESTS[2]) == alone[2]
+
+
+@pytest.mark.parametrize(("build", "error", "message"), [
+    (lambda: FlyChatModel().invoke([]), InvalidPromptError, "message list is empty"),
+    (lambda: FlyChatModel().invoke([HumanMessage("")]), InvalidPromptError, "every message is empty"),
+    (lambda: FlyLLM().complete(""), InvalidPromptError, "prompt is empty"),
+    (lambda: FlyChatModel(max_tokens=40000).invoke("hi"), InvalidPromptError,
+     r"prompt \(\d+ tokens\) \+ max_new_tokens \(40000\) exceeds the target's context window \(32768 tokens\)"),
+    (lambda: FlyChatModel().invoke([HumanMessage(content=[{"type": "image", "url": "x"}])]), InvalidPromptError,
+     "reads text only"),
+    (lambda: FlyChatModel().invoke([ChatMessage(role="narrator", content="hi")]), InvalidPromptError,
+     "unknown role 'narrator'"),
+    (lambda: FlyChatModel(k=0, mode="exact"), InvalidSettingsError, r"k \(drafts per round\) must be >= 1"),
+    (lambda: FlyChatModel(k=6, window=6), InvalidSettingsError, r"window \(6\) must be smaller than k \(6\)"),
+    (lambda: FlyChatModel(entropy_threshold=-1), InvalidSettingsError, "entropy_threshold must be >= 0"),
+    (lambda: FlyChatModel(temperature=-0.5), InvalidSettingsError, "temperature must be >= 0"),
+    (lambda: FlyChatModel(top_k=-1), InvalidSettingsError, "top_k must be >= 0"),
+    (lambda: FlyChatModel().invoke("hi", temperature=-1), InvalidSettingsError, "temperature must be >= 0"),
+    (lambda: FlyChatModel(target="/no/such/model").invoke("hi"), ModelNotFoundError, "not found"),
+    (lambda: FlyChatModel().bind_tools([{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "strin"}}}}}]),
+     InvalidPromptError, r"tool 'f' has an invalid JSON schema .*'strin'"),
+])
+def test_bad_input_is_refused_clearly_and_the_engine_keeps_working(alone, build, error, message):
+    with pytest.raises(error, match=message):
+        build()
+    _still_works(alone)
+
+
+def test_drafter_with_another_vocabulary_is_refused(alone, tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    words = ["[UNK]", "hello", "world"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[UNK]").save_pretrained(tmp_path)
+    config = Qwen2Config(vocab_size=3, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path)
+    with pytest.raises(IncompatibleModelsError, match="different vocabularies"):
+        load_engine(ModelSettings(draft=str(tmp_path), backend="torch"))
+    _still_works(alone)
+
+
+def test_corrupt_or_truncated_model_file_is_refused(alone, tmp_path, monkeypatch):
+    from fly_runtime.sources import BUILTIN_MODELS
+    from fly_runtime.sources.builtin import gguf_path
+
+    real = gguf_path(BUILTIN_MODELS["qwen2.5-coder-0.5b-instruct"]).read_bytes()[:5_000_000]
+    monkeypatch.setenv("FLY_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "corrupt.gguf").write_bytes(b"GGUF" + b"\x00" * 64)
+    (tmp_path / "truncated.gguf").write_bytes(real)
+    for name in ("corrupt.gguf", "truncated.gguf"):
+        with pytest.raises(ModelIntegrityError, match="not a loadable GGUF model"):
+            FlyChatModel(target=str(tmp_path / name)).invoke("hi")
+    assert not any((tmp_path / "cache" / "hf").glob("*"))  # nothing half-converted left behind
+    monkeypatch.undo()
+    _still_works(alone)
+
+
+def test_invalid_tool_call_output_comes_back_as_text():
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"\n</tool_call>'
+    assert parse_tool_calls(text, {"get_weather"}) == (text, [])
+    assert parse_tool_calls('{"name": "unknown_tool", "arguments": {}}', {"get_weather"})[1] == []
+
+
+# ----------------------------------------------------------------------------------------------- soak
+@pytest.mark.slow
+def test_soak_300_requests_without_memory_growth():
+    model = FlyChatModel(max_tokens=6)
+    process = psutil.Process()
+    prompts = [json.dumps({"n": i}) + " Reply with one word." for i in range(330)]
+    for prompt in prompts[:30]:  # warm-up: allocator pools and caches reach their working size
+        model.invoke(prompt)
+    gc.collect()
+    before = process.memory_info().rss
+    for i, prompt in enumerate(prompts[30:]):
+        if i % 3 == 0:
+            list(model.stream(prompt))
+        else:
+            model.invoke(prompt, mode=("ar", "exact", "fly")[i % 3])
+    gc.collect()
+    growth = (process.memory_info().rss - before) / before
+    assert growth < 0.05, f"RSS grew {growth:.1%} over 300 requests"
