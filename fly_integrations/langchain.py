@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Literal
 
@@ -32,23 +30,11 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field
 
 from fly_integrations.params import OVERRIDABLE, FlyParams
-from fly_integrations.prompting import Prompt, render_prompt
-from fly_integrations.streaming import aiter_stream
-from fly_integrations.tool_calls import ReplySplitter, ToolCall
+from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
+from fly_integrations.streaming import aiter_in_thread
 from fly_integrations.tools import normalize_tool_choice, validate_tool_schema
-from fly_runtime import FlyEngine, GenerationConfig, GenerationResult
+from fly_runtime import GenerationResult
 from fly_runtime.errors import InvalidPromptError
-
-
-@dataclass
-class _Request:
-    engine: FlyEngine
-    prompt: Prompt
-    config: GenerationConfig
-    tool_names: set[str] | None  # None when no tools are bound: nothing is parsed as a call
-
-    def splitter(self) -> ReplySplitter:
-        return ReplySplitter(self.prompt.prefill, self.tool_names is not None, self.tool_names)
 
 
 class FlyChatModel(FlyParams, BaseChatModel):
@@ -62,7 +48,9 @@ class FlyChatModel(FlyParams, BaseChatModel):
 
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
-    timeout: float | None = Field(default=None, description="seconds one generation may take; None = no limit")
+    timeout: float | None = Field(
+        default=None, description="seconds one generation may run; it then ends with finish_reason 'timeout'"
+    )
     max_retries: int = Field(
         default=0, description="accepted for drop-in compatibility with API models; local calls are not retried"
     )
@@ -94,24 +82,17 @@ class FlyChatModel(FlyParams, BaseChatModel):
         return params
 
     # ------------------------------------------------------------------------------------------ requests
-    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> _Request:
-        engine = self.engine(kwargs.get("model"))
-        tools = kwargs.get("tools")
-        schema = _response_schema(kwargs.get("response_format"))
-        prompt = render_prompt(engine.tokenizer, [_to_chat_dict(m, i) for i, m in enumerate(messages)], tools,
-                               kwargs.get("tool_choice"), schema)
-        stops = [*(stop if stop is not None else self.stop or []), *prompt.stop]
+    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> ReplyRequest:
+        stops = list(stop if stop is not None else self.stop or [])
         overrides = {k: kwargs[k] for k in OVERRIDABLE if k in kwargs}
-        config = self.generation_config(stops, **overrides)
-        names = {t["function"]["name"] for t in tools} if tools and kwargs.get("tool_choice") != "none" else None
-        return _Request(engine, prompt, config, names)
-
-    def _message(self, request: _Request, result: GenerationResult, content: str, calls: list[ToolCall]) -> AIMessage:
-        return AIMessage(
-            content=content,
-            tool_calls=[{"name": c.name, "args": c.arguments, "id": c.id, "type": "tool_call"} for c in calls],
-            usage_metadata=_usage(result),
-            response_metadata=self._response_metadata(result),
+        self.generation_config(stops, **overrides)  # bad per-call settings fail before the model loads
+        return ReplyRequest(
+            engine=self.engine(kwargs.get("model")),
+            messages=[_to_chat_dict(m, i) for i, m in enumerate(messages)],
+            tools=kwargs.get("tools"),
+            tool_choice=kwargs.get("tool_choice"),
+            json_schema=_response_schema(kwargs.get("response_format")),
+            config=lambda extra: self.generation_config([*stops, *extra], timeout=self.timeout, **overrides),
         )
 
     def _response_metadata(self, result: GenerationResult) -> dict[str, Any]:
@@ -126,13 +107,14 @@ class FlyChatModel(FlyParams, BaseChatModel):
     ) -> ChatResult:
         if self.streaming:
             return _collect(self._stream(messages, stop, run_manager, **kwargs))
-        request = self._request(messages, stop, kwargs)
-        stream = request.engine.stream(request.prompt.token_ids, request.config)
-        splitter = request.splitter()
-        for piece in self._deadline(stream):
-            splitter.push(piece)
-        content, calls = _final_reply(splitter)
-        message = self._message(request, stream.result, content, calls)
+        done = reply(self._request(messages, stop, kwargs))
+        message = AIMessage(
+            content=done.content,
+            tool_calls=[{"name": c.name, "args": c.arguments, "id": c.id, "type": "tool_call"}
+                        for c in done.tool_calls],
+            usage_metadata=_usage(done.result),
+            response_metadata=self._response_metadata(done.result),
+        )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _stream(
@@ -142,19 +124,15 @@ class FlyChatModel(FlyParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        request = self._request(messages, stop, kwargs)
-        splitter = request.splitter()
-        with request.engine.stream(request.prompt.token_ids, request.config) as stream:
-            for piece in self._deadline(stream):
-                chunk = _text_chunk(splitter.push(piece))
-                if chunk is not None:
-                    if run_manager:
-                        run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-                    yield chunk
-        for chunk in self._final_chunks(request, splitter, stream.result):
-            if run_manager and chunk.text:
-                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-            yield chunk
+        items = stream_reply(self._request(messages, stop, kwargs))
+        try:
+            for item in items:
+                chunk = self._chunk(item)
+                if run_manager and chunk.text:
+                    run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+                yield chunk
+        finally:
+            items.close()  # an abandoned stream ends the generation and frees the engine
 
     async def _agenerate(
         self,
@@ -174,43 +152,26 @@ class FlyChatModel(FlyParams, BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         request = self._request(messages, stop, kwargs)
-        splitter = request.splitter()
-        result: GenerationResult | None = None
-        pieces = aiter_stream(lambda: _DeadlineStream(
-            request.engine.stream(request.prompt.token_ids, request.config), self.timeout))
-        async for item in pieces:
-            if isinstance(item, GenerationResult):
-                result = item
-                continue
-            chunk = _text_chunk(splitter.push(item))
-            if chunk is not None:
-                if run_manager:
-                    await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-                yield chunk
-        assert result is not None
-        for chunk in self._final_chunks(request, splitter, result):
+        async for item in aiter_in_thread(lambda: stream_reply(request)):
+            chunk = self._chunk(item)
             if run_manager and chunk.text:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
 
-    def _final_chunks(
-        self, request: _Request, splitter: ReplySplitter, result: GenerationResult | None
-    ) -> Iterator[ChatGenerationChunk]:
-        assert result is not None
-        content, calls = _final_reply(splitter, streamed=True)
+    def _chunk(self, item: str | Reply) -> ChatGenerationChunk:
+        """A text delta, or the closing chunk with the tool calls, usage and FLy stats."""
+        if isinstance(item, str):
+            return ChatGenerationChunk(message=AIMessageChunk(content=item))
         chunks = [tool_call_chunk(name=c.name, args=json.dumps(c.arguments, ensure_ascii=False), id=c.id, index=i)
-                  for i, c in enumerate(calls)]
-        # usage and FLy stats ride on the last chunk only, so aggregating the stream counts them once
-        yield ChatGenerationChunk(message=AIMessageChunk(
-            content=content,
+                  for i, c in enumerate(item.tool_calls)]
+        # usage and stats ride on the last chunk only, so aggregating the stream counts them once
+        return ChatGenerationChunk(message=AIMessageChunk(
+            content="",
             tool_call_chunks=chunks,
-            usage_metadata=_usage(result),
-            response_metadata=self._response_metadata(result),
+            usage_metadata=_usage(item.result),
+            response_metadata=self._response_metadata(item.result),
             chunk_position="last",
         ))
-
-    def _deadline(self, stream) -> Iterator[str]:
-        return _DeadlineStream(stream, self.timeout)
 
     # ------------------------------------------------------------------------------------ tools & output
     def bind_tools(
@@ -256,40 +217,6 @@ class FlyChatModel(FlyParams, BaseChatModel):
         with_parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
         without = RunnablePassthrough.assign(parsed=lambda _: None)
         return RunnableMap(raw=llm) | with_parsed.with_fallbacks([without], exception_key="parsing_error")
-
-
-class _DeadlineStream:
-    """A generation stream that ends (closing the request) once ``timeout`` seconds have passed."""
-
-    def __init__(self, stream, timeout: float | None) -> None:
-        self.stream = stream
-        self.deadline = None if timeout is None else time.monotonic() + timeout
-
-    @property
-    def result(self) -> GenerationResult | None:
-        return self.stream.result
-
-    def __iter__(self) -> Iterator[str]:
-        for piece in self.stream:
-            yield piece
-            if self.deadline is not None and time.monotonic() > self.deadline:
-                self.stream.close()
-                raise TimeoutError("generation exceeded the model's timeout; raise `timeout` or lower `max_tokens`")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stream.close()
-
-
-def _final_reply(splitter: ReplySplitter, streamed: bool = False) -> tuple[str, list[ToolCall]]:
-    rest, calls = splitter.finish()
-    return (rest if streamed else splitter.emitted), calls
-
-
-def _text_chunk(text: str) -> ChatGenerationChunk | None:
-    return ChatGenerationChunk(message=AIMessageChunk(content=text)) if text else None
 
 
 def _collect(chunks: Iterator[ChatGenerationChunk]) -> ChatResult:

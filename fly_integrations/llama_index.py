@@ -25,11 +25,9 @@ from llama_index.core.tools import BaseTool
 from pydantic import Field, PrivateAttr
 
 from fly_integrations.params import OVERRIDABLE, FlyParams
-from fly_integrations.prompting import Prompt, render_prompt
-from fly_integrations.streaming import aiter_stream
-from fly_integrations.tool_calls import ReplySplitter
+from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
+from fly_integrations.streaming import aiter_in_thread
 from fly_integrations.tools import validate_tool_schema
-from fly_runtime import FlyEngine, GenerationConfig, GenerationResult
 from fly_runtime.errors import InvalidPromptError
 
 
@@ -60,59 +58,54 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         return self._metadata
 
     # ------------------------------------------------------------------------------------------ requests
-    def _prepare(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> tuple[FlyEngine, Prompt,
-                                                                                         GenerationConfig, set | None]:
-        engine = self.engine()
-        tools = kwargs.get("tools")
-        choice = "any" if kwargs.get("tool_required") and tools else None
-        prompt = render_prompt(engine.tokenizer, [_to_chat_dict(m, i) for i, m in enumerate(messages)], tools,
-                               choice)
-        stop = [*(kwargs.get("stop") or self.stop or []), *prompt.stop]
+    def _request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ReplyRequest:
+        stops = list(kwargs.get("stop") or self.stop or [])
         overrides = {k: kwargs[k] for k in OVERRIDABLE if k in kwargs}
-        names = {t["function"]["name"] for t in tools} if tools else None
-        return engine, prompt, self.generation_config(stop, **overrides), names
+        self.generation_config(stops, **overrides)  # bad per-call settings fail before the model loads
+        tools = kwargs.get("tools")
+        return ReplyRequest(
+            engine=self.engine(),
+            messages=[_to_chat_dict(m, i) for i, m in enumerate(messages)],
+            tools=tools,
+            tool_choice="any" if kwargs.get("tool_required") and tools else None,
+            config=lambda extra: self.generation_config([*stops, *extra], **overrides),
+        )
 
-    def _final(self, splitter: ReplySplitter, result: GenerationResult | None) -> ChatResponse:
-        """The last response of a request: whole content, tool calls, FLy stats; ``delta`` is unshown prose."""
-        assert result is not None
-        rest, calls = splitter.finish()
+    def _response(self, item: str | Reply, content: str) -> ChatResponse:
+        """A streamed delta, or (for a Reply) the closing response with tool calls and FLy stats."""
+        if isinstance(item, str):
+            return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=content), delta=item)
         extra: dict[str, Any] = {}
-        if calls:
-            extra["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in calls]
-        fly = {**self.fly_metadata(result.stats), "finish_reason": result.finish_reason,
-               "prompt_tokens": result.stats.prompt_tokens, "completion_tokens": result.stats.new_tokens}
+        if item.tool_calls:
+            extra["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in item.tool_calls]
+        s = item.result.stats
+        fly = {**self.fly_metadata(s), "finish_reason": item.result.finish_reason,
+               "prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens}
         return ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content=splitter.emitted, additional_kwargs=extra),
-            delta=rest,
+            message=ChatMessage(role=MessageRole.ASSISTANT, content=item.content, additional_kwargs=extra),
+            delta="",
             raw={"fly": fly},
             additional_kwargs={"fly": fly},
         )
 
-    @staticmethod
-    def _partial(splitter: ReplySplitter, delta: str) -> ChatResponse:
-        return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=splitter.emitted), delta=delta)
-
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        engine, prompt, config, names = self._prepare(messages, kwargs)
-        splitter = ReplySplitter(prompt.prefill, names is not None, names)
-        stream = engine.stream(prompt.token_ids, config)
-        for piece in stream:
-            splitter.push(piece)
-        return self._final(splitter, stream.result)
+        done = reply(self._request(messages, kwargs))
+        return self._response(done, done.content)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        engine, prompt, config, names = self._prepare(messages, kwargs)
+        request = self._request(messages, kwargs)
 
         def gen() -> ChatResponseGen:
-            splitter = ReplySplitter(prompt.prefill, names is not None, names)
-            with engine.stream(prompt.token_ids, config) as stream:
-                for piece in stream:
-                    delta = splitter.push(piece)
-                    if delta:
-                        yield self._partial(splitter, delta)
-            yield self._final(splitter, stream.result)
+            content = ""
+            items = stream_reply(request)
+            try:
+                for item in items:
+                    content += item if isinstance(item, str) else ""
+                    yield self._response(item, content)
+            finally:
+                items.close()  # an abandoned stream ends the generation and frees the engine
 
         return gen()
 
@@ -126,15 +119,13 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        engine, prompt, config, names = self._prepare(messages, kwargs)
+        request = self._request(messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
-            splitter = ReplySplitter(prompt.prefill, names is not None, names)
-            async for item in aiter_stream(lambda: engine.stream(prompt.token_ids, config)):
-                if isinstance(item, GenerationResult):
-                    yield self._final(splitter, item)
-                elif delta := splitter.push(item):
-                    yield self._partial(splitter, delta)
+            content = ""
+            async for item in aiter_in_thread(lambda: stream_reply(request)):
+                content += item if isinstance(item, str) else ""
+                yield self._response(item, content)
 
         return gen()
 

@@ -47,13 +47,15 @@ class FlyParams(BaseModel):
         """
         return get_engine(self.model_settings(target))
 
-    def generation_config(self, stop: list[str] | tuple[str, ...] | None = None, **overrides: Any) -> GenerationConfig:
+    def generation_config(
+        self, stop: list[str] | tuple[str, ...] | None = None, timeout: float | None = None, **overrides: Any
+    ) -> GenerationConfig:
         values = {name: overrides.get(name, getattr(self, name)) for name in OVERRIDABLE}
         return GenerationConfig(
             mode=values["mode"], k=values["k"], window=values["window"],
             entropy_threshold=values["entropy_threshold"], ngram=values["ngram"], adaptive=values["adaptive"],
             temperature=values["temperature"], top_k=values["top_k"], top_p=values["top_p"],
-            seed=values["seed"], max_new_tokens=values["max_tokens"], stop=tuple(stop or ()),
+            seed=values["seed"], max_new_tokens=values["max_tokens"], stop=tuple(stop or ()), timeout=timeout,
         )
 
     def fly_metadata(self, stats) -> dict[str, Any]:

@@ -1,21 +1,21 @@
-"""Bridges from the engine's blocking stream to asyncio, without blocking the event loop."""
+"""Bridge from a blocking iterator (a generation) to asyncio, without blocking the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import TypeVar
 
-from fly_runtime import GenerationResult, GenerationStream
-
+T = TypeVar("T")
 _DONE = object()
 
 
-async def aiter_stream(open_stream: Callable[[], GenerationStream]) -> AsyncIterator[str | GenerationResult]:
-    """Run a generation in a worker thread; yield its text pieces, then its result.
+async def aiter_in_thread(open_iterator: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
+    """Run ``open_iterator()`` in a worker thread and yield its items here as they come.
 
-    Cancelling the consuming task (or closing this iterator) stops the generation at its next committed
-    piece, which releases the engine for the next request.
+    Cancelling the consuming task (or closing this iterator) makes the worker stop at its next item and
+    close the iterator, which ends the generation and releases the engine for the next request.
     """
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
@@ -23,13 +23,16 @@ async def aiter_stream(open_stream: Callable[[], GenerationStream]) -> AsyncIter
 
     def produce() -> None:
         try:
-            stream = open_stream()
-            with stream:
-                for piece in stream:
+            iterator = open_iterator()
+            try:
+                for item in iterator:
                     if cancelled.is_set():
                         return
-                    loop.call_soon_threadsafe(queue.put_nowait, piece)
-            loop.call_soon_threadsafe(queue.put_nowait, stream.result)
+                    loop.call_soon_threadsafe(queue.put_nowait, item)
+            finally:
+                close = getattr(iterator, "close", None)
+                if close is not None:
+                    close()
         except BaseException as exc:  # hand every failure to the awaiting side
             loop.call_soon_threadsafe(queue.put_nowait, exc)
         finally:
@@ -45,5 +48,5 @@ async def aiter_stream(open_stream: Callable[[], GenerationStream]) -> AsyncIter
                 raise item
             yield item
     finally:
-        # the worker notices at its next piece, closes the stream and frees the engine; nobody waits for it
+        # the worker notices at its next item, closes the generation and frees the engine; nobody waits
         cancelled.set()

@@ -30,6 +30,7 @@ class GenerationConfig:
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
+    timeout: float | None = None  # seconds a request may run; it then ends with finish_reason "timeout"
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -66,6 +67,8 @@ class GenerationConfig:
             raise InvalidSettingsError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise InvalidSettingsError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.timeout is not None and not self.timeout > 0:
+            raise InvalidSettingsError(f"timeout must be > 0 seconds (or None), got {self.timeout}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise InvalidSettingsError(f"stop sequences must be non-empty strings, got {s!r}")

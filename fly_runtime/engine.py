@@ -62,7 +62,7 @@ class GenerationStats:
 class GenerationResult:
     text: str
     token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+    finish_reason: str  # "stop" (EOS or a stop string), "length" (max_new_tokens) or "timeout"
     stats: GenerationStats = field(default_factory=GenerationStats)
 
 
@@ -172,6 +172,9 @@ class FlyEngine:
                         finish = "stop"
                         break
                     if len(committed) >= config.max_new_tokens:
+                        break
+                    if config.timeout is not None and time.perf_counter() - start > config.timeout:
+                        finish = "timeout"
                         break
                     remaining = config.max_new_tokens - len(committed)
                     step_start = time.perf_counter()

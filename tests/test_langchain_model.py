@@ -32,7 +32,8 @@ def test_exact_answer_equals_ar_answer():
     ar = FlyChatModel(mode="ar", temperature=0, max_tokens=64).invoke(QUESTION)
     exact = FlyChatModel(mode="exact", temperature=0, max_tokens=64).invoke(QUESTION)
     assert exact.content == ar.content
-    assert exact.response_metadata["mean_accepted"] > ar.response_metadata["mean_accepted"] == 1.0
+    # τ of ar is 1 token per forward (a little under when EOS took the last forward)
+    assert exact.response_metadata["mean_accepted"] > 1.5 > ar.response_metadata["mean_accepted"]
 
 
 def test_instances_share_one_loaded_engine():

@@ -1,0 +1,90 @@
+"""One reply to a conversation: render, generate, split prose from tool calls. Shared by both adapters.
+
+Yields text deltas as they become final, then one ``Reply``. A model that answers a tool result by
+repeating a call already answered in the conversation (same tool, same arguments) learns nothing new
+from it; such a reply is replaced by a second generation with tools off, so agent loops terminate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from fly_integrations.prompting import render_prompt
+from fly_integrations.tool_calls import ReplySplitter, ToolCall
+from fly_runtime import FlyEngine, GenerationConfig, GenerationResult
+
+
+@dataclass
+class Reply:
+    content: str
+    tool_calls: list[ToolCall]
+    result: GenerationResult
+
+
+@dataclass
+class ReplyRequest:
+    engine: FlyEngine
+    messages: list[dict]
+    # builds the request's config given the stops the prompt adds (a forced call ends at its closing tag)
+    config: Callable[[tuple[str, ...]], GenerationConfig]
+    tools: list[dict] | None = None
+    tool_choice: str | None = None
+    json_schema: dict | None = None
+
+    @property
+    def tool_names(self) -> set[str] | None:
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return {t["function"]["name"] for t in self.tools}
+
+
+def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
+    choice = request.tool_choice
+    while True:
+        prompt = render_prompt(request.engine.tokenizer, request.messages, request.tools, choice,
+                               request.json_schema)
+        names = request.tool_names if choice != "none" else None
+        splitter = ReplySplitter(prompt.prefill, names is not None, names)
+        with request.engine.stream(prompt.token_ids, request.config(prompt.stop)) as stream:
+            for piece in stream:
+                if delta := splitter.push(piece):
+                    yield delta
+        rest, calls = splitter.finish()
+        if rest:
+            yield rest
+        if calls and choice in (None, "auto") and _all_answered(calls, request.messages):
+            choice = "none"
+            continue
+        assert stream.result is not None
+        yield Reply(splitter.emitted, calls, stream.result)
+        return
+
+
+def reply(request: ReplyRequest) -> Reply:
+    for item in stream_reply(request):
+        if isinstance(item, Reply):
+            return item
+    raise AssertionError("stream_reply ended without a reply")
+
+
+def _all_answered(calls: list[ToolCall], messages: list[dict]) -> bool:
+    """Every call repeats one made earlier in the conversation and followed by its tool result."""
+    answered: set[str] = set()
+    last_calls: list[str] = []
+    for m in messages:
+        if m["role"] == "assistant":
+            last_calls = [_key(c["function"]["name"], c["function"]["arguments"]) for c in m.get("tool_calls") or []]
+        elif m["role"] == "tool":
+            answered.update(last_calls)
+    return bool(answered) and all(_key(c.name, c.arguments) in answered for c in calls)
+
+
+def _key(name: str, arguments: object) -> str:
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    return name + json.dumps(arguments, sort_keys=True, ensure_ascii=False)

@@ -1,0 +1,61 @@
+"""Tool-call parsing, streaming split and the repeated-call guard (no model needed)."""
+
+from fly_integrations.prompting import tool_choice_prefill
+from fly_integrations.replies import _all_answered
+from fly_integrations.tool_calls import ReplySplitter, ToolCall, parse_tool_calls
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+
+
+def test_parses_qwen_tool_calls_and_keeps_prose():
+    content, calls = parse_tool_calls("Let me check.\n" + CALL, {"get_weather"})
+    assert content == "Let me check."
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Oslo"})]
+    assert calls[0].id.startswith("call_")
+
+
+def test_parses_json_fallbacks():
+    for text in ('{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+                 '```json\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}\n```'):
+        content, calls = parse_tool_calls(text, {"get_weather"})
+        assert content == "" and calls[0].arguments == {"city": "Oslo"}
+
+
+def test_malformed_or_unknown_calls_stay_text():
+    broken = CALL.replace("}}", "}")
+    assert parse_tool_calls(broken, {"get_weather"}) == (broken.strip(), [])
+    assert parse_tool_calls(CALL, {"other_tool"})[1] == []
+    assert parse_tool_calls('{"answer": 42}', {"get_weather"}) == ('{"answer": 42}', [])
+
+
+def test_splitter_streams_prose_and_holds_the_call():
+    splitter = ReplySplitter(parse_tools=True, known={"get_weather"})
+    shown = "".join(splitter.push(p) for p in ["Let me ", "check. <tool", "_call>\n{\"name\": \"get_weather\", ",
+                                                 "\"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"])
+    assert shown == "Let me check. "
+    rest, calls = splitter.finish()
+    assert rest == "" and calls[0].name == "get_weather"
+
+
+def test_splitter_releases_a_partial_tag_that_was_not_a_call():
+    splitter = ReplySplitter(parse_tools=True, known={"f"})
+    assert splitter.push("a < b and <tool") == "a < b and "
+    assert splitter.push("s are fine") == "<tools are fine"
+
+
+def test_forced_prefills_open_the_call():
+    assert tool_choice_prefill("any", ["f"]) == '<tool_call>\n{"name": "'
+    assert tool_choice_prefill("f", ["f"]).endswith('"arguments": {')
+    assert tool_choice_prefill("auto", ["f"]) == ""
+
+
+def test_repeated_answered_call_is_detected():
+    history = [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "id": "1", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+        {"role": "tool", "content": "sunny", "tool_call_id": "1"},
+    ]
+    assert _all_answered([ToolCall("get_weather", {"city": "Oslo"})], history)
+    assert not _all_answered([ToolCall("get_weather", {"city": "Rome"})], history)
+    assert not _all_answered([ToolCall("get_weather", {"city": "Oslo"})], history[:2])  # no result yet
