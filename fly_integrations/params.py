@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 
 from fly_runtime import FlyEngine, GenerationConfig, ModelSettings, get_engine
 from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET
@@ -31,10 +31,11 @@ class FlyParams(BaseModel):
     max_tokens: int = 512
     seed: int | None = None
 
-    @model_validator(mode="after")
-    def _check_generation_settings(self) -> "FlyParams":
-        self.generation_config()  # bad settings fail at construction, not at the first call
-        return self
+    def model_post_init(self, context: Any) -> None:
+        super().model_post_init(context)
+        # bad settings fail at construction, not at the first call, and as fly's own error type (a pydantic
+        # validator would wrap it in a ValidationError)
+        self.generation_config()
 
     def model_settings(self, target: str | None = None) -> ModelSettings:
         return ModelSettings(target=target or self.target, draft=self.draft, backend=self.backend,

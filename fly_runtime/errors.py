@@ -5,8 +5,12 @@ class FlyError(Exception):
     """Base class of every error raised on purpose by fly."""
 
 
-class InvalidSettingsError(FlyError, ValueError):
-    """A generation setting (K, window, temperature, ...) is out of range."""
+class InvalidSettingsError(FlyError):
+    """A generation setting (K, window, temperature, ...) is out of range.
+
+    Not a ValueError on purpose: pydantic turns ValueErrors raised while building a model into its own
+    ValidationError, and FlyChatModel / FlyLLM should raise this type, with this message, as it is.
+    """
 
 
 class InvalidPromptError(FlyError, ValueError):
