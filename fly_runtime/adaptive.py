@@ -1,14 +1,19 @@
 """Adaptive drafting: how many tokens to draft each round, and when not to speculate at all.
 
-Speculation only pays when a round's tokens cost less than as many plain steps. The policy here adapts
-three things per request, from what it measures:
-- the draft length K: +2 after a fully accepted draft, -1 otherwise (as transformers does), within bounds;
+Speculation only pays when a round's tokens cost less than as many plain steps, so the policy chooses from
+what it measures in the request:
+- the draft length K maximises expected tokens per second. Each drafted token survives verification with
+  probability p (estimated as kept / (kept + rejections), the maximum-likelihood estimate for a run that
+  ends at its first rejection), so a K-token draft yields 1 + p(1 - p^K)/(1 - p) tokens and costs
+  K * (draft time per token) + (verification time), both measured. FLy-forgiven tokens count as kept;
+  FLy never drafts fewer than W+1 tokens, so a forgivable mismatch always has its window;
 - where the drafter stops: when its own top-1 probability drops below ``confidence_floor`` it is likely to
   be wrong. In exact mode the draft ends there. In FLy mode a doubtful token is exactly where the target is
   likely uncertain too and a mismatch may be forgiven, but only if ``window`` more drafts follow; so the
   draft runs on for the window, and ends at the next doubtful token;
 - whether to speculate: when the last rounds produced tokens slower than plain decoding does, decode
-  plainly for a stretch (re-measuring the plain step), then probe speculation again.
+  plainly for a stretch (re-measuring the plain step), then probe speculation again; each failed probe
+  doubles the stretch.
 """
 
 from __future__ import annotations
@@ -29,26 +34,41 @@ class DraftShape:
     gate_ngrams: bool = False  # stop offering n-gram proposals in a request where the drafter rejects them
 
 
+def best_draft_length(p: float, draft_seconds: float, verify_seconds: float, k_min: int, k_max: int) -> int:
+    """K in [k_min, k_max] with the most expected tokens per second of round time."""
+    def rate(k: int) -> float:
+        kept = k if p >= 1.0 else p * (1 - p**k) / (1 - p)
+        return (1 + kept) / (k * draft_seconds + verify_seconds)
+
+    return max(range(k_min, k_max + 1), key=rate)
+
+
 class DraftPolicy:
     CONFIDENCE_FLOOR = 0.3
     ROUNDS_MEASURED = 6  # rounds of speculation judged together against plain decoding
-    PLAIN_STRETCH = 24  # plain steps before speculation is probed again
+    PLAIN_STRETCH = 24  # plain steps before speculation is probed again (doubles after each failed probe)
+    PRIOR_ROUNDS = 2  # weight of the starting guess for p, in rounds
 
     def __init__(self, config: GenerationConfig, plain_step_seconds: float | None) -> None:
         self.adaptive = config.adaptive and config.k is None
-        self.mode = config.mode
         self.window = config.window if config.mode == "fly" else 0
         self.k_min = max(2, self.window + 1)
         self.k = config.draft_length
         self.plain_step_seconds = plain_step_seconds
         self._rounds: deque[tuple[int, float]] = deque(maxlen=self.ROUNDS_MEASURED)
         self._plain_left = 0
+        self._stretch = self.PLAIN_STRETCH
+        # survival estimate, starting from a weak prior that the default K is about right
+        self._kept = self.PRIOR_ROUNDS * 0.8 * self.k
+        self._rejections = float(self.PRIOR_ROUNDS)
+        self._draft_seconds_per_token: float | None = None
+        self._verify_seconds: float | None = None
         self.plain_steps = 0
         self.rounds = 0
         self.drafted_k_total = 0
 
     def next_is_plain(self) -> bool:
-        """Decode this step plainly? Also used once per request to measure a plain step when none is known."""
+        """Decode this step plainly? Also used once per engine to measure a plain step when none is known."""
         if not self.adaptive:
             return False
         return self.plain_step_seconds is None or self._plain_left > 0
@@ -61,24 +81,36 @@ class DraftPolicy:
 
     def record_plain(self, seconds: float) -> None:
         self.plain_steps += 1
-        known = self.plain_step_seconds
-        self.plain_step_seconds = seconds if known is None else 0.8 * known + 0.2 * seconds
+        self.plain_step_seconds = _ema(self.plain_step_seconds, seconds)
         self._plain_left = max(0, self._plain_left - 1)
 
-    def record_round(self, drafted: int, accepted: int, produced: int, seconds: float) -> None:
+    def record_round(self, drafted: int, accepted: int, produced: int, draft_seconds: float,
+                     verify_seconds: float) -> None:
         self.rounds += 1
         self.drafted_k_total += drafted
         if not self.adaptive:
             return
-        self.k = min(self.k + 2, K_MAX) if drafted and accepted == drafted else max(self.k - 1, self.k_min)
-        self._rounds.append((produced, seconds))
+        self._kept += accepted
+        self._rejections += accepted < drafted
+        if drafted:
+            self._draft_seconds_per_token = _ema(self._draft_seconds_per_token, draft_seconds / drafted)
+        self._verify_seconds = _ema(self._verify_seconds, verify_seconds)
+        p = self._kept / (self._kept + self._rejections)
+        self.k = best_draft_length(p, self._draft_seconds_per_token or 0.0, self._verify_seconds, self.k_min, K_MAX)
+
+        self._rounds.append((produced, draft_seconds + verify_seconds))
         if len(self._rounds) == self._rounds.maxlen and self.plain_step_seconds:
-            tokens = sum(p for p, _ in self._rounds)
+            tokens = sum(n for n, _ in self._rounds)
             spent = sum(s for _, s in self._rounds)
             if tokens / spent < 1.0 / self.plain_step_seconds:
-                self._plain_left = self.PLAIN_STRETCH
+                self._plain_left = self._stretch
+                self._stretch *= 2
                 self._rounds.clear()
 
     @property
     def mean_k(self) -> float:
         return self.drafted_k_total / self.rounds if self.rounds else 0.0
+
+
+def _ema(previous: float | None, sample: float, weight: float = 0.2) -> float:
+    return sample if previous is None else (1 - weight) * previous + weight * sample

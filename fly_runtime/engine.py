@@ -185,9 +185,10 @@ class FlyEngine:
                             self._plain_step_seconds = policy.plain_step_seconds
                     else:
                         drafter = self.ngram_drafter if config.ngram else self.drafter
-                        new, drafted, accepted = self._speculative_step(
+                        new, drafted, accepted, draft_seconds = self._speculative_step(
                             drafter, prompt + committed, policy.shape(remaining - 1), sampler, rule, stats)
-                        policy.record_round(drafted, accepted, len(new), time.perf_counter() - step_start)
+                        verify_seconds = time.perf_counter() - step_start - draft_seconds
+                        policy.record_round(drafted, accepted, len(new), draft_seconds, verify_seconds)
                 tail = text.finish()
                 if tail:
                     yield tail
@@ -224,9 +225,11 @@ class FlyEngine:
         sampler: Sampler,
         rule: FlyRule | None,
         stats: GenerationStats,
-    ) -> tuple[list[int], int, int]:
-        """One round; returns the committed tokens, how many were drafted and how many drafts were kept."""
+    ) -> tuple[list[int], int, int, float]:
+        """One round: the committed tokens, how many were drafted, how many kept, seconds spent drafting."""
+        draft_start = time.perf_counter()
         draft = drafter.propose(context, shape, sampler)
+        draft_seconds = time.perf_counter() - draft_start
         draft_ids = draft.token_ids
         cached = len(self.target)  # the target has seen all of context but its last token
         logits = self.target.extend([context[-1], *draft_ids])[:, : self.vocab_size]
@@ -246,4 +249,4 @@ class FlyEngine:
         # the target keeps context + kept drafts; the new token is fed at the start of the next round
         self.target.crop(cached + 1 + verdict.accepted)
         drafter.commit(context + kept + [verdict.next_token])
-        return kept + [verdict.next_token], len(draft_ids), verdict.accepted
+        return kept + [verdict.next_token], len(draft_ids), verdict.accepted, draft_seconds

@@ -1,0 +1,49 @@
+"""Adaptive drafting policy on synthetic measurements (no model)."""
+
+from fly_runtime.adaptive import K_MAX, DraftPolicy, best_draft_length
+from fly_runtime.config import GenerationConfig
+
+
+def test_draft_length_follows_acceptance_and_cost():
+    assert best_draft_length(0.5, 0.05, 0.23, 2, K_MAX) < best_draft_length(0.85, 0.05, 0.23, 2, K_MAX) \
+        < best_draft_length(0.95, 0.05, 0.23, 2, K_MAX)
+    # cheaper drafts justify longer ones
+    assert best_draft_length(0.85, 0.01, 0.23, 2, K_MAX) > best_draft_length(0.85, 0.1, 0.23, 2, K_MAX)
+    assert best_draft_length(1.0, 0.01, 0.23, 2, K_MAX) == K_MAX
+    assert best_draft_length(0.1, 0.05, 0.23, 7, K_MAX) == 7  # FLy's floor: room for the window
+
+
+def test_policy_shrinks_k_when_drafts_die_early_and_keeps_fly_window():
+    exact = DraftPolicy(GenerationConfig(mode="exact"), plain_step_seconds=0.17)
+    fly = DraftPolicy(GenerationConfig(mode="fly"), plain_step_seconds=0.17)
+    for _ in range(10):
+        exact.record_round(exact.k, 1, 2, exact.k * 0.05, 0.23)
+        fly.record_round(fly.k, 1, 2, fly.k * 0.05, 0.23)
+    assert exact.k == 2 and fly.k == 7
+
+
+def test_policy_falls_back_to_plain_decoding_and_backs_off():
+    policy = DraftPolicy(GenerationConfig(mode="exact"), plain_step_seconds=0.1)
+    assert not policy.next_is_plain()
+    for _ in range(DraftPolicy.ROUNDS_MEASURED):  # 2 tokens per 0.5 s round: slower than 10 plain tokens/s
+        policy.record_round(5, 1, 2, 0.25, 0.25)
+    plain = 0
+    while policy.next_is_plain():
+        policy.record_plain(0.1)
+        plain += 1
+    assert plain == DraftPolicy.PLAIN_STRETCH
+    for _ in range(DraftPolicy.ROUNDS_MEASURED):
+        policy.record_round(5, 1, 2, 0.25, 0.25)
+    plain = 0
+    while policy.next_is_plain():
+        policy.record_plain(0.1)
+        plain += 1
+    assert plain == 2 * DraftPolicy.PLAIN_STRETCH
+
+
+def test_fixed_k_turns_adaptation_off():
+    policy = DraftPolicy(GenerationConfig(mode="fly", k=10), plain_step_seconds=None)
+    assert not policy.next_is_plain()
+    for _ in range(10):
+        policy.record_round(10, 0, 1, 1.0, 1.0)
+    assert policy.shape(100).k == 10 and not policy.next_is_plain()
