@@ -50,7 +50,10 @@ class DraftPolicy:
     PRIOR_ROUNDS = 2  # weight of the starting guess for p, in rounds
 
     def __init__(self, config: GenerationConfig, plain_step_seconds: float | None) -> None:
-        self.adaptive = config.adaptive and config.k is None
+        # the choices below follow measured times, so they differ run to run; a seeded sampling request
+        # must repeat exactly, so it keeps the fixed schedule (greedy output does not depend on it)
+        seeded_sampling = config.temperature > 0 and config.seed is not None
+        self.adaptive = config.adaptive and config.k is None and not seeded_sampling
         self.window = config.window if config.mode == "fly" else 0
         self.k_min = max(2, self.window + 1)
         self.k = config.draft_length

@@ -47,3 +47,9 @@ def test_fixed_k_turns_adaptation_off():
     for _ in range(10):
         policy.record_round(10, 0, 1, 1.0, 1.0)
     assert policy.shape(100).k == 10 and not policy.next_is_plain()
+
+
+def test_seeded_sampling_keeps_the_fixed_schedule():
+    assert not DraftPolicy(GenerationConfig(mode="fly", temperature=0.8, seed=1), None).adaptive
+    assert DraftPolicy(GenerationConfig(mode="fly", temperature=0.8), None).adaptive
+    assert DraftPolicy(GenerationConfig(mode="fly", seed=1), None).adaptive  # greedy output never depends on it

@@ -8,7 +8,6 @@ since they are not our code. The assembled GGUF is verified by size and sha256 b
 from __future__ import annotations
 
 import hashlib
-import logging
 import re
 import shutil
 import subprocess
@@ -21,8 +20,6 @@ from tqdm.auto import tqdm
 
 from fly_runtime.errors import ModelIntegrityError, ModelNotFoundError
 from fly_runtime.sources.cache import cache_dir
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

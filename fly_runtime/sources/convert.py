@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import shutil
 import sys
 import time
@@ -10,8 +9,6 @@ from pathlib import Path
 
 from fly_runtime.errors import ModelIntegrityError
 from fly_runtime.sources.cache import atomic_directory
-
-logger = logging.getLogger(__name__)
 
 
 def _say(message: str) -> None:
