@@ -131,27 +131,27 @@ def cmd_models(args: argparse.Namespace) -> int:
             default = " (default)" if name == DEFAULT_PAIR else ""
             print(f"  pair {name}: target {target}, draft {draft}{default}")
         return 0
-    for name, int8 in _fetch_plan(args.names or [DEFAULT_PAIR], BUILTIN_PAIRS, args.int8):
+    for name, int4 in _fetch_plan(args.names or [DEFAULT_PAIR], BUILTIN_PAIRS, args.int4):
         model = resolve_model(name)
         if args.action == "path":
             print(model.hf_dir)
             continue
         line = f"{name}: {model.hf_dir}"
         if args.onnx:
-            line += f", ONNX {'int8' if int8 else 'fp32'} {model.onnx_dir(int8=int8)}"
+            line += f", ONNX {'int4' if int4 else 'fp32'} {model.onnx_dir(int4=int4)}"
         print(line)
     return 0
 
 
-def _fetch_plan(names: list[str], pairs: dict[str, tuple[str, str]], int8: bool) -> list[tuple[str, bool]]:
-    """(model, int8 export?) for each name; a pair is its fp32 target and its int8 drafter."""
+def _fetch_plan(names: list[str], pairs: dict[str, tuple[str, str]], int4: bool) -> list[tuple[str, bool]]:
+    """(model, int4 graph?) for each name; a pair is its fp32 target and its int4 drafter."""
     plan: list[tuple[str, bool]] = []
     for name in names:
         if name in pairs:
             target, draft = pairs[name]
             plan += [(target, False), (draft, True)]
         else:
-            plan.append((name, int8))
+            plan.append((name, int4))
     return plan
 
 
@@ -188,8 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("action", choices=["list", "fetch", "path"])
     models.add_argument("names", nargs="*", help="built-in model or pair names, dirs, .gguf files, Hub ids")
     models.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True,
-                        help="with fetch: also export to ONNX Runtime (a pair: fp32 target, int8 drafter)")
-    models.add_argument("--int8", action="store_true", help="with fetch --onnx of a single model: int8 export")
+                        help="with fetch: also export to ONNX Runtime (a pair: fp32 target, int4 drafter)")
+    models.add_argument("--int4", action="store_true", help="with fetch --onnx of a single model: int4 graph")
     models.set_defaults(func=cmd_models)
     return parser
 

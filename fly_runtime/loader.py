@@ -55,8 +55,8 @@ def _make_backend(model: ResolvedModel, kind: str, device: str | None, drafter: 
     if kind == "onnx":
         from fly_runtime.backends.ort_backend import OrtBackend
 
-        # int8 only for the drafter: its numerics never change what exact mode outputs
-        return OrtBackend(model.onnx_dir(int8=drafter), threads=os.cpu_count())
+        # int4 only for the drafter: its numerics never change what exact mode outputs
+        return OrtBackend(model.onnx_dir(int4=drafter), threads=os.cpu_count())
     from fly_runtime.backends.torch_backend import TorchBackend
 
     return TorchBackend(model.hf_dir, device=device)

@@ -1,4 +1,4 @@
-"""The engine on the real default pair (ONNX Runtime fp32 target, int8 drafter), offline."""
+"""The engine on the real default pair (ONNX Runtime fp32 target, int4 drafter), offline."""
 
 import json
 import os

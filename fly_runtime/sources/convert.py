@@ -1,8 +1,11 @@
-"""One-time conversions into the cache: GGUF -> Hugging Face directory, Hugging Face -> ONNX (fp32 / int8)."""
+"""One-time conversions into the cache: GGUF -> Hugging Face directory, Hugging Face -> ONNX (fp32 / int4)."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,9 +19,8 @@ def _say(message: str) -> None:
 
 
 def onnx_model_file(onnx_dir: Path) -> Path:
-    """The graph inside an export folder: Optimum's quantizer writes ``model_quantized.onnx``."""
-    quantized = onnx_dir / "model_quantized.onnx"
-    return quantized if quantized.is_file() else onnx_dir / "model.onnx"
+    """The graph inside a built folder (its weights sit beside it in ``model.onnx.data``)."""
+    return onnx_dir / "model.onnx"
 
 
 def gguf_to_hf(gguf_file: Path, out_dir: Path) -> Path:
@@ -50,42 +52,47 @@ def gguf_to_hf(gguf_file: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def hf_to_onnx(hf_dir: Path, out_dir: Path, int8: bool) -> Path:
-    """Export a causal LM to ONNX with its KV cache as inputs/outputs (Optimum), optionally int8-quantised.
+def hf_to_onnx(hf_dir: Path, out_dir: Path, int4: bool) -> Path:
+    """Build an ONNX Runtime graph of a causal LM (onnxruntime-genai's model builder), fp32 or int4.
 
-    int8 uses dynamic quantisation with Optimum's AVX2 configuration: activation scales are computed per
-    pass, which is fine for a drafter (its numerics never change what the target accepts in exact mode)
-    but not for a target.
+    Why this builder and not a generic tracer: it emits fused GroupQueryAttention (rotary embedding inside,
+    no repeated KV heads, no per-step mask arithmetic) and MatMulNBits weights. On the 2-core CPU we measured,
+    the int4 0.5B drafter steps in 16-20 ms at 16-1024 tokens of context against 30-120 ms for a traced,
+    dynamically quantised int8 graph, and the fp32 1.5B target in 150-205 ms against 190-225 ms.
+    int4 (block 32, int8 compute) is for drafters: their numerics never change what the target accepts.
     """
     if onnx_model_file(out_dir).is_file():
         return out_dir
-    from optimum.exporters.onnx import main_export
-
-    kind = "int8" if int8 else "fp32"
-    _say(f"exporting {hf_dir.name} to ONNX {kind} (once; a few minutes; cached in {out_dir}) ...")
+    if importlib.util.find_spec("onnxruntime_genai") is None:
+        raise ModelIntegrityError(
+            "the ONNX backend needs the model builder of onnxruntime-genai: pip install 'fly-integrations[onnx]'"
+        )
+    kind = "int4" if int4 else "fp32"
+    _say(f"building the ONNX {kind} graph of {hf_dir.name} (once; about a minute; cached in {out_dir}) ...")
     start = time.perf_counter()
     with atomic_directory(out_dir) as scratch:
-        export_dir = scratch / "fp32" if int8 else scratch
-        main_export(
-            str(hf_dir),
-            output=export_dir,
-            task="text-generation-with-past",
-            device="cpu",
-            do_validation=False,
-            local_files_only=True,
-        )
-        if int8:
-            from optimum.onnxruntime import ORTQuantizer
-            from optimum.onnxruntime.configuration import AutoQuantizationConfig
-
-            _say("quantising to int8 (dynamic, AVX2) ...")
-            quantizer = ORTQuantizer.from_pretrained(export_dir, file_name="model.onnx")
-            config = AutoQuantizationConfig.avx2(is_static=False, per_channel=False)
-            # the quantised graph names its external-data file, so the files keep Optimum's names
-            quantizer.quantize(save_dir=scratch, quantization_config=config, use_external_data_format=True)
-            for extra in export_dir.iterdir():
-                if not extra.name.startswith("model.onnx") and not (scratch / extra.name).exists():
-                    extra.rename(scratch / extra.name)
-            shutil.rmtree(export_dir)
-    _say(f"exported in {time.perf_counter() - start:.0f} s")
+        command = [
+            sys.executable, "-m", "onnxruntime_genai.models.builder",
+            "--input", str(hf_dir), "--output", str(scratch), "--precision", kind,
+            "--execution_provider", "cpu", "--cache_dir", str(scratch / "build-cache"),
+        ]
+        if int4:
+            command += ["--extra_options", "int4_accuracy_level=4", "int4_block_size=32"]
+        # the builder logs every node; keep that in a file and show its tail only if it fails.
+        # It reads the local folder only, never the Hub.
+        log = scratch.parent / f"{out_dir.name}.build.log"
+        with log.open("w") as sink:
+            done = subprocess.run(command, env=os.environ | {"HF_HUB_OFFLINE": "1"}, stdout=sink,
+                                  stderr=subprocess.STDOUT, check=False)
+        if done.returncode != 0 or not (scratch / "model.onnx").is_file():
+            tail = log.read_text(errors="replace")[-2000:]
+            raise ModelIntegrityError(
+                f"building the ONNX graph of {hf_dir} failed (exit {done.returncode}; log {log}):\n{tail}\n"
+                "The builder supports the common decoder families (Llama, Mistral, Qwen2/3, Phi, Gemma, ...); "
+                "for other architectures use backend='torch'."
+            )
+        shutil.rmtree(scratch / "build-cache", ignore_errors=True)
+        log.unlink()
+        shutil.copy2(hf_dir / "config.json", scratch / "config.json")
+    _say(f"built in {time.perf_counter() - start:.0f} s")
     return out_dir

@@ -24,10 +24,10 @@ class ResolvedModel:
     hf_dir: Path
     key: str
 
-    def onnx_dir(self, int8: bool) -> Path:
-        """The ONNX export of this model, produced once and cached (keyed by source and weights)."""
-        kind = "int8" if int8 else "fp32"
-        return hf_to_onnx(self.hf_dir, cache_dir() / "onnx" / f"{self.name}-{self.key}-{kind}", int8=int8)
+    def onnx_dir(self, int4: bool) -> Path:
+        """The ONNX graph of this model, built once and cached (keyed by source and weights)."""
+        kind = "int4" if int4 else "fp32"
+        return hf_to_onnx(self.hf_dir, cache_dir() / "onnx" / f"{self.name}-{self.key}-gqa-{kind}", int4=int4)
 
 
 def resolve_model(reference: str) -> ResolvedModel:
