@@ -5,8 +5,10 @@ what it measures in the request:
 - the draft length K maximises expected tokens per second. Each drafted token survives verification with
   probability p (estimated as kept / (kept + rejections), the maximum-likelihood estimate for a run that
   ends at its first rejection), so a K-token draft yields 1 + p(1 - p^K)/(1 - p) tokens and costs
-  K * (draft time per token) + (verification time), both measured. FLy-forgiven tokens count as kept;
-  FLy never drafts fewer than W+1 tokens, so a forgivable mismatch always has its window;
+  K * (draft time per token) + (verification time), both measured. FLy-forgiven tokens count as kept,
+  but only a draft of at least W+1 tokens leaves a forgivable mismatch its window: shorter drafts are
+  judged by the native survival probability (first native mismatch), longer ones by FLy's, and the
+  better expected rate wins. So FLy drafts short only where forgiving would not pay for the window;
 - where the drafter stops: when its own top-1 probability drops below ``confidence_floor`` it is likely to
   be wrong. In exact mode the draft ends there. In FLy mode a doubtful token is exactly where the target is
   likely uncertain too and a mismatch may be forgiven, but only if ``window`` more drafts follow; so the
@@ -34,20 +36,23 @@ class DraftShape:
     gate_ngrams: bool = False  # stop offering n-gram proposals in a request where the drafter rejects them
 
 
+def round_rate(k: int, p: float, draft_seconds: float, verify_seconds: float) -> float:
+    """Expected tokens per second of a K-token round whose drafts each survive with probability p."""
+    kept = k if p >= 1.0 else p * (1 - p**k) / (1 - p)
+    return (1 + kept) / (k * draft_seconds + verify_seconds)
+
+
 def best_draft_length(p: float, draft_seconds: float, verify_seconds: float, k_min: int, k_max: int) -> int:
     """K in [k_min, k_max] with the most expected tokens per second of round time."""
-    def rate(k: int) -> float:
-        kept = k if p >= 1.0 else p * (1 - p**k) / (1 - p)
-        return (1 + kept) / (k * draft_seconds + verify_seconds)
-
-    return max(range(k_min, k_max + 1), key=rate)
+    return max(range(k_min, k_max + 1), key=lambda k: round_rate(k, p, draft_seconds, verify_seconds))
 
 
 class DraftPolicy:
     CONFIDENCE_FLOOR = 0.3
-    ROUNDS_MEASURED = 6  # rounds of speculation judged together against plain decoding
+    ROUNDS_MEASURED = 4  # rounds of speculation judged together against plain decoding
     PLAIN_STRETCH = 24  # plain steps before speculation is probed again (doubles after each failed probe)
-    PRIOR_ROUNDS = 2  # weight of the starting guess for p, in rounds
+    PRIOR_P = 0.75  # starting guess for the survival probability, worth one round of evidence
+    MEMORY = 0.9  # per round, older evidence fades by this factor: a request turns from code to prose
 
     def __init__(self, config: GenerationConfig, plain_step_seconds: float | None) -> None:
         # the choices below follow measured times, so they differ run to run; a seeded sampling request
@@ -55,15 +60,15 @@ class DraftPolicy:
         seeded_sampling = config.temperature > 0 and config.seed is not None
         self.adaptive = config.adaptive and config.k is None and not seeded_sampling
         self.window = config.window if config.mode == "fly" else 0
-        self.k_min = max(2, self.window + 1)
         self.k = config.draft_length
         self.plain_step_seconds = plain_step_seconds
         self._rounds: deque[tuple[int, float]] = deque(maxlen=self.ROUNDS_MEASURED)
         self._plain_left = 0
         self._stretch = self.PLAIN_STRETCH
-        # survival estimate, starting from a weak prior that the default K is about right
-        self._kept = self.PRIOR_ROUNDS * 0.8 * self.k
-        self._rejections = float(self.PRIOR_ROUNDS)
+        # survival estimates (with FLy's forgiveness, and native only) as fading counts of kept drafts and
+        # rejections; the prior is one round that kept p/(1-p) drafts, the mean run length at PRIOR_P
+        self._kept = self._native_kept = self.PRIOR_P / (1 - self.PRIOR_P)
+        self._rejections = self._native_rejections = 1.0
         self._draft_seconds_per_token: float | None = None
         self._verify_seconds: float | None = None
         self.plain_steps = 0
@@ -87,19 +92,21 @@ class DraftPolicy:
         self.plain_step_seconds = _ema(self.plain_step_seconds, seconds)
         self._plain_left = max(0, self._plain_left - 1)
 
-    def record_round(self, drafted: int, accepted: int, produced: int, draft_seconds: float,
+    def record_round(self, drafted: int, accepted: int, native_run: int, produced: int, draft_seconds: float,
                      verify_seconds: float) -> None:
         self.rounds += 1
         self.drafted_k_total += drafted
         if not self.adaptive:
             return
-        self._kept += accepted
-        self._rejections += accepted < drafted
+        fade = self.MEMORY
+        self._kept = fade * self._kept + accepted
+        self._rejections = fade * self._rejections + (accepted < drafted)
+        self._native_kept = fade * self._native_kept + native_run
+        self._native_rejections = fade * self._native_rejections + (native_run < drafted)
         if drafted:
             self._draft_seconds_per_token = _ema(self._draft_seconds_per_token, draft_seconds / drafted)
         self._verify_seconds = _ema(self._verify_seconds, verify_seconds)
-        p = self._kept / (self._kept + self._rejections)
-        self.k = best_draft_length(p, self._draft_seconds_per_token or 0.0, self._verify_seconds, self.k_min, K_MAX)
+        self.k = self._best_k(self._draft_seconds_per_token or 0.0, self._verify_seconds)
 
         self._rounds.append((produced, draft_seconds + verify_seconds))
         if len(self._rounds) == self._rounds.maxlen and self.plain_step_seconds:
@@ -109,6 +116,19 @@ class DraftPolicy:
                 self._plain_left = self._stretch
                 self._stretch *= 2
                 self._rounds.clear()
+
+    def _best_k(self, draft_seconds: float, verify_seconds: float) -> int:
+        p = self._kept / (self._kept + self._rejections)
+        if not self.window:
+            return best_draft_length(p, draft_seconds, verify_seconds, 1, K_MAX)
+        # FLy: a draft of W+1 or more can have mismatches forgiven; a shorter one only keeps native matches
+        p_native = self._native_kept / (self._native_kept + self._native_rejections)
+        short = best_draft_length(p_native, draft_seconds, verify_seconds, 1, self.window)
+        long = best_draft_length(p, draft_seconds, verify_seconds, self.window + 1, K_MAX)
+        if round_rate(short, p_native, draft_seconds, verify_seconds) > round_rate(long, p, draft_seconds,
+                                                                                    verify_seconds):
+            return short
+        return long
 
     @property
     def mean_k(self) -> float:

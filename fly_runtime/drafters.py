@@ -117,7 +117,7 @@ class ModelDrafter:
             use_ngrams = self._ngrams_useful(shape)
             proposal = self.ngram.lookup(list(context) + draft.token_ids, room - 1) if use_ngrams else []
             cached_before = len(self.sequence)
-            logits = self.sequence.extend(feed + proposal)[len(feed) - 1 :]  # predictions after each proposal
+            logits = self.sequence.extend(feed + proposal, keep=len(proposal) + 1)  # predictions after each proposal
             draft.forwards += 1
             agree = 0
             while agree < len(proposal) and int(logits[agree].argmax()) == proposal[agree]:

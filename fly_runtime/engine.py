@@ -20,7 +20,7 @@ from fly_runtime.drafters import Drafter
 from fly_runtime.errors import InvalidPromptError, InvalidSettingsError
 from fly_runtime.sampling import Sampler
 from fly_runtime.text import StopTextStream
-from fly_runtime.verify import FlyRule, verify_greedy, verify_sampling
+from fly_runtime.verify import FlyRule, Verdict, verify_greedy, verify_sampling
 
 
 @dataclass
@@ -158,7 +158,7 @@ class FlyEngine:
                 self.target.reset()
                 if self.drafter is not None:
                     self.drafter.reset()
-                logits = self.target.extend(prompt)[-1:]
+                logits = self.target.extend(prompt, keep=1)
                 stats.target_forwards += 1
                 token, _ = sampler.pick(logits[0, : self.vocab_size])
                 new = [token]
@@ -185,10 +185,11 @@ class FlyEngine:
                             self._plain_step_seconds = policy.plain_step_seconds
                     else:
                         drafter = self.ngram_drafter if config.ngram else self.drafter
-                        new, drafted, accepted, draft_seconds = self._speculative_step(
+                        new, drafted, verdict, draft_seconds = self._speculative_step(
                             drafter, prompt + committed, policy.shape(remaining - 1), sampler, rule, stats)
                         verify_seconds = time.perf_counter() - step_start - draft_seconds
-                        policy.record_round(drafted, accepted, len(new), draft_seconds, verify_seconds)
+                        policy.record_round(drafted, verdict.accepted, verdict.native_run, len(new),
+                                            draft_seconds, verify_seconds)
                 tail = text.finish()
                 if tail:
                     yield tail
@@ -225,8 +226,8 @@ class FlyEngine:
         sampler: Sampler,
         rule: FlyRule | None,
         stats: GenerationStats,
-    ) -> tuple[list[int], int, int, float]:
-        """One round: the committed tokens, how many were drafted, how many kept, seconds spent drafting."""
+    ) -> tuple[list[int], int, Verdict, float]:
+        """One round: the committed tokens, how many were drafted, the verdict, seconds spent drafting."""
         draft_start = time.perf_counter()
         draft = drafter.propose(context, shape, sampler)
         draft_seconds = time.perf_counter() - draft_start
@@ -249,4 +250,4 @@ class FlyEngine:
         # the target keeps context + kept drafts; the new token is fed at the start of the next round
         self.target.crop(cached + 1 + verdict.accepted)
         drafter.commit(context + kept + [verdict.next_token])
-        return kept + [verdict.next_token], len(draft_ids), verdict.accepted, draft_seconds
+        return kept + [verdict.next_token], len(draft_ids), verdict, draft_seconds

@@ -29,6 +29,7 @@ class Verdict:
     next_token: int  # the target's token after the kept drafts (a correction, or the bonus if all were kept)
     native: int  # kept drafts that matched the target natively
     forgiven: int  # kept drafts that did not match but were forgiven by FLy
+    native_run: int  # drafts before the first native mismatch: what exact matching alone would have kept
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_ids: torch.Tensor, rule: Fl
         forgivable = (entropy >= rule.entropy_threshold).tolist()
         window = rule.window
     accepted, forgiven = kept_prefix(native, forgivable, window)
-    return Verdict(accepted, int(target_ids[accepted]), accepted - forgiven, forgiven)
+    return Verdict(accepted, int(target_ids[accepted]), accepted - forgiven, forgiven, _run(native))
 
 
 def verify_sampling(
@@ -120,4 +121,8 @@ def verify_sampling(
         residual = (target_probs[accepted] - draft_probs[accepted]).clamp_min(0)
         dist = residual if residual.sum() > 0 else target_probs[accepted]
     next_token = int(torch.multinomial(dist.double(), 1, generator=generator))
-    return Verdict(accepted, next_token, accepted - forgiven, forgiven)
+    return Verdict(accepted, next_token, accepted - forgiven, forgiven, _run(native))
+
+
+def _run(native: Sequence[bool]) -> int:
+    return native.index(False) if False in native else len(native)

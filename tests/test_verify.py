@@ -73,7 +73,7 @@ def test_exact_rejects_at_position_zero():
 def test_fly_forgives_uncertain_mismatch_followed_by_native_window():
     d = drafts(with_mismatches([1]))
     v = verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6))
-    assert (v.accepted, v.next_token, v.native, v.forgiven) == (8, 9, 7, 1)
+    assert (v.accepted, v.next_token, v.native, v.forgiven, v.native_run) == (8, 9, 7, 1, 1)
 
 
 def test_fly_rejects_confident_mismatch():
@@ -96,6 +96,7 @@ def test_fly_forgives_several_mismatches_in_one_round():
     d = drafts(with_mismatches([2, 7], tokens))
     v = verify_greedy(target(tokens, uncertain_at={2, 7}), d, FlyRule(window=3))
     assert (v.accepted, v.forgiven, v.native, v.next_token) == (12, 2, 10, 13)
+    assert v.native_run == 2  # exact matching alone would have stopped at the first mismatch
 
 
 def test_fly_second_mismatch_inside_window_breaks_the_first():

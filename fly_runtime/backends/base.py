@@ -14,8 +14,9 @@ class Backend(Protocol):
     name: str
     max_context: int  # positions the model supports
 
-    def forward(self, input_ids: Sequence[int]) -> torch.Tensor:
-        """Append ``input_ids`` to the cache and return their float32 logits, shape [len(input_ids), V]."""
+    def forward(self, input_ids: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        """Append ``input_ids`` to the cache; return float32 logits of the last ``keep`` of them (default
+        all), shape [keep, V]."""
         ...
 
     def crop(self, length: int) -> None:
@@ -37,8 +38,8 @@ class CachedSequence:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def extend(self, input_ids: Sequence[int]) -> torch.Tensor:
-        logits = self.backend.forward(input_ids)
+    def extend(self, input_ids: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        logits = self.backend.forward(input_ids, keep)
         self.ids.extend(input_ids)
         return logits
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fly_runtime.sources.convert import onnx_model_file
+from fly_runtime.sources.convert import LOGITS_TO_KEEP, onnx_model_file
 
 
 class OrtBackend:
@@ -31,6 +31,7 @@ class OrtBackend:
         self._cache_names = [n for n in inputs if n.startswith("past_key_values.")]
         self._present_names = [n.replace("past_key_values.", "present.") for n in self._cache_names]
         self._uses_positions = "position_ids" in inputs
+        self._keeps_logits = LOGITS_TO_KEEP in inputs  # graphs built by fly; other exports return all logits
         self._dtype = np.float16 if "float16" in inputs[self._cache_names[0]].type else np.float32
         shape = inputs[self._cache_names[0]].shape  # [batch, kv_heads, past_len, head_dim]
         self._empty = np.zeros((1, shape[1], 0, shape[3]), dtype=self._dtype)
@@ -40,8 +41,9 @@ class OrtBackend:
         self._cache: list[np.ndarray] = [self._empty] * len(self._cache_names)
         self._length = 0
 
-    def forward(self, input_ids: Sequence[int]) -> torch.Tensor:
+    def forward(self, input_ids: Sequence[int], keep: int | None = None) -> torch.Tensor:
         n = len(input_ids)
+        keep = min(keep or n, n)
         total = self._length + n
         feed: dict[str, np.ndarray] = {
             "input_ids": np.asarray([input_ids], dtype=np.int64),
@@ -49,11 +51,13 @@ class OrtBackend:
         }
         if self._uses_positions:
             feed["position_ids"] = np.arange(self._length, total, dtype=np.int64)[None]
+        if self._keeps_logits:
+            feed[LOGITS_TO_KEEP] = np.asarray([keep], dtype=np.int64)
         feed.update(zip(self._cache_names, self._cache))
         logits, *present = self.session.run(["logits", *self._present_names], feed)
         self._cache = present
         self._length = total
-        return torch.from_numpy(logits[0]).float()
+        return torch.from_numpy(logits[0, -keep:]).float()
 
     def crop(self, length: int) -> None:
         if length >= self._length:

@@ -42,9 +42,9 @@ class TorchBackend:
         self.cache = DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
-    def forward(self, input_ids: Sequence[int]) -> torch.Tensor:
+    def forward(self, input_ids: Sequence[int], keep: int | None = None) -> torch.Tensor:
         ids = torch.tensor([list(input_ids)], dtype=torch.long, device=self.input_device)
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True)
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep or 0)
         return out.logits[0].float().cpu()
 
     def crop(self, length: int) -> None:

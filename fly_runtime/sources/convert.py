@@ -14,6 +14,10 @@ from fly_runtime.errors import ModelIntegrityError
 from fly_runtime.sources.cache import atomic_directory
 
 
+# bump when the graphs built here change, so caches rebuild them (2: fused GQA + logits_to_keep)
+GRAPH_VERSION = 2
+
+
 def _say(message: str) -> None:
     print(f"fly: {message}", file=sys.stderr, flush=True)
 
@@ -93,6 +97,42 @@ def hf_to_onnx(hf_dir: Path, out_dir: Path, int4: bool) -> Path:
             )
         shutil.rmtree(scratch / "build-cache", ignore_errors=True)
         log.unlink()
+        add_logits_to_keep(scratch / "model.onnx")
         shutil.copy2(hf_dir / "config.json", scratch / "config.json")
     _say(f"built in {time.perf_counter() - start:.0f} s")
     return out_dir
+
+
+LOGITS_TO_KEEP = "logits_to_keep"
+
+
+def add_logits_to_keep(model_file: Path) -> None:
+    """Give the graph an int64 input ``logits_to_keep``: the LM head runs on the last N positions only.
+
+    A prefill needs the logits of its last position alone, yet the head over a 152k vocabulary is ~15% of
+    a 1.5B model's prefill FLOPs (~2.5 s of a 16 s, 1024-token prefill on 2 cores). Only the graph file is
+    rewritten; the weights stay in their external data file.
+    """
+    import onnx
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(model_file), load_external_data=False)
+    graph = model.graph
+    index, head = next((i, n) for i, n in enumerate(graph.node) if "logits" in n.output)
+    graph.input.append(helper.make_tensor_value_info(LOGITS_TO_KEEP, TensorProto.INT64, [1]))
+    graph.initializer.extend([
+        helper.make_tensor("/fly/keep_ends", TensorProto.INT64, [1], [2**62]),
+        helper.make_tensor("/fly/keep_axes", TensorProto.INT64, [1], [1]),  # hidden states are [B, S, H]
+    ])
+    hidden = head.input[0]
+    slicing = [
+        helper.make_node("Neg", [LOGITS_TO_KEEP], ["/fly/keep_starts"], name="/fly/KeepStarts"),
+        helper.make_node("Slice", [hidden, "/fly/keep_starts", "/fly/keep_ends", "/fly/keep_axes"],
+                         ["/fly/kept_hidden"], name="/fly/KeepLastPositions"),
+    ]
+    head.input[0] = "/fly/kept_hidden"
+    for offset, node in enumerate(slicing):
+        graph.node.insert(index + offset, node)
+    logits = next(o for o in graph.output if o.name == "logits")
+    logits.type.tensor_type.shape.dim[1].dim_param = LOGITS_TO_KEEP
+    onnx.save(model, str(model_file))

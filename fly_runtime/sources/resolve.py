@@ -10,7 +10,7 @@ from pathlib import Path
 from fly_runtime.errors import ModelNotFoundError
 from fly_runtime.sources.builtin import BUILTIN_MODELS, fetch_builtin
 from fly_runtime.sources.cache import cache_dir, file_identity, fingerprint
-from fly_runtime.sources.convert import gguf_to_hf, hf_to_onnx
+from fly_runtime.sources.convert import GRAPH_VERSION, gguf_to_hf, hf_to_onnx
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -27,7 +27,8 @@ class ResolvedModel:
     def onnx_dir(self, int4: bool) -> Path:
         """The ONNX graph of this model, built once and cached (keyed by source and weights)."""
         kind = "int4" if int4 else "fp32"
-        return hf_to_onnx(self.hf_dir, cache_dir() / "onnx" / f"{self.name}-{self.key}-gqa-{kind}", int4=int4)
+        folder = f"{self.name}-{self.key}-{kind}-g{GRAPH_VERSION}"
+        return hf_to_onnx(self.hf_dir, cache_dir() / "onnx" / folder, int4=int4)
 
 
 def resolve_model(reference: str) -> ResolvedModel:
