@@ -4,7 +4,7 @@ Speculation only pays when a round's tokens cost less than as many plain steps, 
 what it measures in the request:
 - the draft length K maximises expected tokens per second. Each drafted token survives verification with
   probability p (estimated as kept / (kept + rejections), the maximum-likelihood estimate for a run that
-  ends at its first rejection), so a K-token draft yields 1 + p(1 - p^K)/(1 - p) tokens and costs
+  ends at its first rejection, with older rounds fading), so a K-token draft yields 1 + p(1 - p^K)/(1 - p) tokens and costs
   K * (draft time per token) + (verification time), both measured. FLy-forgiven tokens count as kept,
   but only a draft of at least W+1 tokens leaves a forgivable mismatch its window: shorter drafts are
   judged by the native survival probability (first native mismatch), longer ones by FLy's, and the
