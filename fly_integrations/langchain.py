@@ -29,7 +29,7 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field
 
-from fly_integrations.params import OVERRIDABLE, FlyParams
+from fly_integrations.params import FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
 from fly_integrations.streaming import aiter_in_thread
 from fly_integrations.tools import normalize_tool_choice, validate_tool_schema
@@ -48,9 +48,6 @@ class FlyChatModel(FlyParams, BaseChatModel):
 
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
-    timeout: float | None = Field(
-        default=None, description="seconds one generation may run; it then ends with finish_reason 'timeout'"
-    )
     max_retries: int = Field(
         default=0, description="accepted for drop-in compatibility with API models; local calls are not retried"
     )
@@ -83,16 +80,12 @@ class FlyChatModel(FlyParams, BaseChatModel):
 
     # ------------------------------------------------------------------------------------------ requests
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> ReplyRequest:
-        stops = list(stop if stop is not None else self.stop or [])
-        overrides = {k: kwargs[k] for k in OVERRIDABLE if k in kwargs}
-        self.generation_config(stops, **overrides)  # bad per-call settings fail before the model loads
-        return ReplyRequest(
-            engine=self.engine(kwargs.get("model")),
-            messages=[_to_chat_dict(m, i) for i, m in enumerate(messages)],
+        return self.reply_request(
+            [_to_chat_dict(m, i) for i, m in enumerate(messages)], stop, kwargs,
+            model=kwargs.get("model"),
             tools=kwargs.get("tools"),
             tool_choice=kwargs.get("tool_choice"),
             json_schema=_response_schema(kwargs.get("response_format")),
-            config=lambda extra: self.generation_config([*stops, *extra], timeout=self.timeout, **overrides),
         )
 
     def _response_metadata(self, result: GenerationResult) -> dict[str, Any]:

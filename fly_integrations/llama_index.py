@@ -24,7 +24,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools import BaseTool
 from pydantic import Field, PrivateAttr
 
-from fly_integrations.params import OVERRIDABLE, FlyParams
+from fly_integrations.params import FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
 from fly_integrations.streaming import aiter_in_thread
 from fly_integrations.tools import validate_tool_schema
@@ -59,16 +59,11 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
 
     # ------------------------------------------------------------------------------------------ requests
     def _request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ReplyRequest:
-        stops = list(kwargs.get("stop") or self.stop or [])
-        overrides = {k: kwargs[k] for k in OVERRIDABLE if k in kwargs}
-        self.generation_config(stops, **overrides)  # bad per-call settings fail before the model loads
         tools = kwargs.get("tools")
-        return ReplyRequest(
-            engine=self.engine(),
-            messages=[_to_chat_dict(m, i) for i, m in enumerate(messages)],
+        return self.reply_request(
+            [_to_chat_dict(m, i) for i, m in enumerate(messages)], kwargs.get("stop"), kwargs,
             tools=tools,
             tool_choice="any" if kwargs.get("tool_required") and tools else None,
-            config=lambda extra: self.generation_config([*stops, *extra], **overrides),
         )
 
     def _response(self, item: str | Reply, content: str) -> ChatResponse:

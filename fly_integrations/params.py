@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from fly_integrations.replies import ReplyRequest
 from fly_runtime import FlyEngine, GenerationConfig, ModelSettings, get_engine
 from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 
@@ -30,6 +31,10 @@ class FlyParams(BaseModel):
     top_p: float = 1.0
     max_tokens: int = 512
     seed: int | None = None
+    timeout: float | None = Field(
+        default=None, description="seconds one generation may run; it then ends with finish_reason 'timeout'"
+    )
+    stop: list[str] | None = Field(default=None, description="stop strings for every request")
 
     def model_post_init(self, context: Any) -> None:
         super().model_post_init(context)
@@ -48,15 +53,39 @@ class FlyParams(BaseModel):
         """
         return get_engine(self.model_settings(target))
 
-    def generation_config(
-        self, stop: list[str] | tuple[str, ...] | None = None, timeout: float | None = None, **overrides: Any
-    ) -> GenerationConfig:
+    def generation_config(self, stop: list[str] | tuple[str, ...] | None = None, **overrides: Any) -> GenerationConfig:
         values = {name: overrides.get(name, getattr(self, name)) for name in OVERRIDABLE}
         return GenerationConfig(
             mode=values["mode"], k=values["k"], window=values["window"],
             entropy_threshold=values["entropy_threshold"], ngram=values["ngram"], adaptive=values["adaptive"],
             temperature=values["temperature"], top_k=values["top_k"], top_p=values["top_p"],
-            seed=values["seed"], max_new_tokens=values["max_tokens"], stop=tuple(stop or ()), timeout=timeout,
+            seed=values["seed"], max_new_tokens=values["max_tokens"], stop=tuple(stop or ()),
+            timeout=self.timeout,
+        )
+
+    def reply_request(
+        self,
+        messages: list[dict[str, Any]],
+        stop: list[str] | None,
+        call_kwargs: dict[str, Any],
+        *,
+        model: str | None = None,
+        tools: list[Any] | None = None,
+        tool_choice: Any = None,
+        json_schema: dict[str, Any] | None = None,
+    ) -> ReplyRequest:
+        """One call's request: its stops (else the instance's) and per-call setting overrides, checked before
+        the model loads, so a bad setting never costs a model load."""
+        stops = list(stop if stop is not None else self.stop or [])
+        overrides = {k: call_kwargs[k] for k in OVERRIDABLE if k in call_kwargs}
+        self.generation_config(stops, **overrides)
+        return ReplyRequest(
+            engine=self.engine(model),
+            messages=messages,
+            tools=tools,
+            tool_choice=tool_choice,
+            json_schema=json_schema,
+            config=lambda extra: self.generation_config([*stops, *extra], **overrides),
         )
 
     def fly_metadata(self, stats) -> dict[str, Any]:

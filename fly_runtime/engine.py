@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -128,6 +129,17 @@ class FlyEngine:
             pass
         assert stream.result is not None
         return stream.result
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the engine between requests (to measure or probe its models directly); caches reset after."""
+        with self._lock:
+            try:
+                yield
+            finally:
+                self.target.reset()
+                if self.drafter is not None:
+                    self.drafter.reset()
 
     def _check_prompt(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
         prompt = list(prompt_ids)

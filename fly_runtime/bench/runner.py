@@ -72,8 +72,7 @@ class HfAssisted:
 def measure_verify_cost(engine: FlyEngine, context: int = 256, repeats: int = 5) -> dict:
     """Target cost of one decoding step vs one verification of 8 tokens, at a realistic context length."""
     sequence = engine.target
-    with engine._lock:
-        sequence.reset()
+    with engine.exclusive():
         sequence.extend([engine.tokenizer.encode(" the")[0]] * context)
 
         def timed(n: int) -> float:
@@ -86,7 +85,6 @@ def measure_verify_cost(engine: FlyEngine, context: int = 256, repeats: int = 5)
             return statistics.median(samples) * 1000
 
         step_ms, verify_ms = timed(1), timed(8)
-        sequence.reset()
     return {"step_ms": step_ms, "verify_8_ms": verify_ms, "ratio": verify_ms / step_ms}
 
 
