@@ -4,18 +4,19 @@ Speculation only pays when a round's tokens cost less than as many plain steps, 
 what it measures in the request:
 - the draft length K maximises expected tokens per second. Each drafted token survives verification with
   probability p (estimated as kept / (kept + rejections), the maximum-likelihood estimate for a run that
-  ends at its first rejection, with older rounds fading), so a K-token draft yields 1 + p(1 - p^K)/(1 - p) tokens and costs
-  K * (draft time per token) + (verification time), both measured. FLy-forgiven tokens count as kept,
-  but only a draft of at least W+1 tokens leaves a forgivable mismatch its window: shorter drafts are
-  judged by the native survival probability (first native mismatch), longer ones by FLy's, and the
-  better expected rate wins. So FLy drafts short only where forgiving would not pay for the window;
-- where the drafter stops: when its own top-1 probability drops below ``confidence_floor`` it is likely to
-  be wrong. In exact mode the draft ends there. In FLy mode a doubtful token is exactly where the target is
-  likely uncertain too and a mismatch may be forgiven, but only if ``window`` more drafts follow; so the
-  draft runs on for the window, and ends at the next doubtful token;
-- whether to speculate: when the last rounds produced tokens slower than plain decoding does, decode
-  plainly for a stretch (re-measuring the plain step), then probe speculation again; each failed probe
-  doubles the stretch.
+  ends at its first rejection, with older rounds fading), so a K-token draft yields 1 + p(1 - p^K)/(1 - p)
+  tokens and costs K * (draft time per token) + (verification time), both measured. FLy-forgiven tokens
+  count as kept, but only a draft of at least W+1 tokens leaves a forgivable mismatch its window: shorter
+  drafts are judged by the native survival probability (first native mismatch), longer ones by FLy's, and
+  the better expected rate wins. So FLy drafts short only where forgiving would not pay for the window;
+- where the drafter stops: below the top-1 probability where one more draft token stops paying (draft time
+  / verification time, at most 0.3) its token is likely wrong. In exact mode the draft ends there. In FLy
+  mode a doubtful token is exactly where the target is likely uncertain too and a mismatch may be
+  forgiven, but only if ``window`` more drafts follow; so the draft runs on for the window, and ends at the
+  next doubtful token;
+- whether to speculate: when the last rounds produced tokens slower than plain decoding does, and the best
+  K under the current estimates promises no better, decode plainly for a stretch (re-measuring the plain
+  step), then probe speculation again; each failed probe doubles the stretch.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def best_draft_length(p: float, draft_seconds: float, verify_seconds: float, k_m
 
 
 class DraftPolicy:
-    CONFIDENCE_FLOOR = 0.3
+    MAX_CONFIDENCE_FLOOR = 0.3
     ROUNDS_MEASURED = 4  # rounds of speculation judged together against plain decoding
     PLAIN_STRETCH = 24  # plain steps before speculation is probed again (doubles after each failed probe)
     PRIOR_P = 0.75  # starting guess for the survival probability, worth one round of evidence
@@ -85,7 +86,18 @@ class DraftPolicy:
         k = min(self.k, remaining)
         if not self.adaptive:
             return DraftShape(k, 0.0, 0)
-        return DraftShape(k, self.CONFIDENCE_FLOOR, self.window, gate_ngrams=True)
+        return DraftShape(k, self.confidence_floor(), self.window, gate_ngrams=True)
+
+    def confidence_floor(self) -> float:
+        """Drafter top-1 probability below which drafting on does not pay.
+
+        One more draft token costs d seconds and, if it survives (probability ~ the drafter's confidence c),
+        saves about one round's share of verification v; so drafting on pays while c > d / v. Cheap drafts
+        (an int4 drafter: d/v ~ 0.08 here) run on through doubt; dear ones stop sooner.
+        """
+        if self._draft_seconds_per_token is None or not self._verify_seconds:
+            return self.MAX_CONFIDENCE_FLOOR
+        return min(self.MAX_CONFIDENCE_FLOOR, self._draft_seconds_per_token / self._verify_seconds)
 
     def record_plain(self, seconds: float) -> None:
         self.plain_steps += 1
@@ -112,10 +124,19 @@ class DraftPolicy:
         if len(self._rounds) == self._rounds.maxlen and self.plain_step_seconds:
             tokens = sum(n for n, _ in self._rounds)
             spent = sum(s for _, s in self._rounds)
-            if tokens / spent < 1.0 / self.plain_step_seconds:
+            plain_rate = 1.0 / self.plain_step_seconds
+            # both the rounds just measured and the best K the estimates promise must lose to plain decoding:
+            # a few unlucky rounds alone do not stop speculation that should pay
+            if tokens / spent < plain_rate and self._best_rate() < plain_rate:
                 self._plain_left = self._stretch
                 self._stretch *= 2
                 self._rounds.clear()
+
+    def _best_rate(self) -> float:
+        p = self._kept if self.k > self.window else self._native_kept
+        rejections = self._rejections if self.k > self.window else self._native_rejections
+        assert self._verify_seconds is not None
+        return round_rate(self.k, p / (p + rejections), self._draft_seconds_per_token or 0.0, self._verify_seconds)
 
     def _best_k(self, draft_seconds: float, verify_seconds: float) -> int:
         p = self._kept / (self._kept + self._rejections)
