@@ -62,3 +62,23 @@ def test_seeded_sampling_keeps_the_fixed_schedule():
     assert not DraftPolicy(GenerationConfig(mode="fly", temperature=0.8, seed=1), None).adaptive
     assert DraftPolicy(GenerationConfig(mode="fly", temperature=0.8), None).adaptive
     assert DraftPolicy(GenerationConfig(mode="fly", seed=1), None).adaptive  # greedy output never depends on it
+
+
+def test_drafter_stop_floor_follows_draft_and_verify_cost():
+    cheap = DraftPolicy(GenerationConfig(mode="exact"), plain_step_seconds=0.2)
+    dear = DraftPolicy(GenerationConfig(mode="exact"), plain_step_seconds=0.2)
+    assert cheap.shape(100).confidence_floor == DraftPolicy.MAX_CONFIDENCE_FLOOR  # nothing measured yet
+    for _ in range(3):
+        cheap.record_round(5, 3, 3, 4, 5 * 0.02, 0.25)
+        dear.record_round(5, 3, 3, 4, 5 * 0.2, 0.25)
+    assert abs(cheap.shape(100).confidence_floor - 0.02 / 0.25) < 1e-9
+    assert dear.shape(100).confidence_floor == DraftPolicy.MAX_CONFIDENCE_FLOOR
+
+
+def test_unlucky_rounds_alone_do_not_stop_speculation_that_should_pay():
+    policy = DraftPolicy(GenerationConfig(mode="exact"), plain_step_seconds=0.2)
+    for _ in range(20):  # drafts mostly survive, so the estimates promise a gain
+        policy.record_round(5, 5, 5, 6, 0.1, 0.25)
+    for _ in range(DraftPolicy.ROUNDS_MEASURED):  # then a slow stretch
+        policy.record_round(5, 0, 0, 1, 0.1, 0.25)
+    assert not policy.next_is_plain()
