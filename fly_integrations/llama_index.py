@@ -22,7 +22,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools import BaseTool
-from pydantic import Field, PrivateAttr
+from pydantic import PrivateAttr
 
 from fly_integrations.params import FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
@@ -37,7 +37,6 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
     Shares loaded weights with every ``FlyChatModel`` / ``FlyLLM`` that has the same model settings.
     """
 
-    stop: list[str] | None = Field(default=None, description="stop strings for every request")
     _metadata: LLMMetadata | None = PrivateAttr(default=None)
 
     @classmethod

@@ -48,6 +48,24 @@ def best_draft_length(p: float, draft_seconds: float, verify_seconds: float, k_m
     return max(range(k_min, k_max + 1), key=lambda k: round_rate(k, p, draft_seconds, verify_seconds))
 
 
+class Survival:
+    """Fading counts of kept drafts and rejections; ``p`` is the survival probability of a drafted token."""
+
+    def __init__(self, prior_p: float, memory: float) -> None:
+        # the prior is one round that kept p/(1-p) drafts, the mean run length at prior_p
+        self.kept = prior_p / (1 - prior_p)
+        self.rejections = 1.0
+        self.memory = memory
+
+    def record(self, kept: int, drafted: int) -> None:
+        self.kept = self.memory * self.kept + kept
+        self.rejections = self.memory * self.rejections + (kept < drafted)
+
+    @property
+    def p(self) -> float:
+        return self.kept / (self.kept + self.rejections)
+
+
 class DraftPolicy:
     MAX_CONFIDENCE_FLOOR = 0.3
     ROUNDS_MEASURED = 4  # rounds of speculation judged together against plain decoding
@@ -66,10 +84,9 @@ class DraftPolicy:
         self._rounds: deque[tuple[int, float]] = deque(maxlen=self.ROUNDS_MEASURED)
         self._plain_left = 0
         self._stretch = self.PLAIN_STRETCH
-        # survival estimates (with FLy's forgiveness, and native only) as fading counts of kept drafts and
-        # rejections; the prior is one round that kept p/(1-p) drafts, the mean run length at PRIOR_P
-        self._kept = self._native_kept = self.PRIOR_P / (1 - self.PRIOR_P)
-        self._rejections = self._native_rejections = 1.0
+        # survival with FLy's forgiveness, and native only (what a draft too short for the window keeps)
+        self._survival = Survival(self.PRIOR_P, self.MEMORY)
+        self._native_survival = Survival(self.PRIOR_P, self.MEMORY)
         self._draft_seconds_per_token: float | None = None
         self._verify_seconds: float | None = None
         self.plain_steps = 0
@@ -110,15 +127,12 @@ class DraftPolicy:
         self.drafted_k_total += drafted
         if not self.adaptive:
             return
-        fade = self.MEMORY
-        self._kept = fade * self._kept + accepted
-        self._rejections = fade * self._rejections + (accepted < drafted)
-        self._native_kept = fade * self._native_kept + native_run
-        self._native_rejections = fade * self._native_rejections + (native_run < drafted)
+        self._survival.record(accepted, drafted)
+        self._native_survival.record(native_run, drafted)
         if drafted:
             self._draft_seconds_per_token = _ema(self._draft_seconds_per_token, draft_seconds / drafted)
         self._verify_seconds = _ema(self._verify_seconds, verify_seconds)
-        self.k = self._best_k(self._draft_seconds_per_token or 0.0, self._verify_seconds)
+        self.k = self._best_k()
 
         self._rounds.append((produced, draft_seconds + verify_seconds))
         if len(self._rounds) == self._rounds.maxlen and self.plain_step_seconds:
@@ -132,24 +146,17 @@ class DraftPolicy:
                 self._stretch *= 2
                 self._rounds.clear()
 
-    def _best_rate(self) -> float:
-        p = self._kept if self.k > self.window else self._native_kept
-        rejections = self._rejections if self.k > self.window else self._native_rejections
+    def _rate(self, k: int) -> float:
+        """Expected tokens per second of a K-token round; FLy forgives only in drafts longer than its window."""
+        survival = self._survival if k > self.window else self._native_survival
         assert self._verify_seconds is not None
-        return round_rate(self.k, p / (p + rejections), self._draft_seconds_per_token or 0.0, self._verify_seconds)
+        return round_rate(k, survival.p, self._draft_seconds_per_token or 0.0, self._verify_seconds)
 
-    def _best_k(self, draft_seconds: float, verify_seconds: float) -> int:
-        p = self._kept / (self._kept + self._rejections)
-        if not self.window:
-            return best_draft_length(p, draft_seconds, verify_seconds, 1, K_MAX)
-        # FLy: a draft of W+1 or more can have mismatches forgiven; a shorter one only keeps native matches
-        p_native = self._native_kept / (self._native_kept + self._native_rejections)
-        short = best_draft_length(p_native, draft_seconds, verify_seconds, 1, self.window)
-        long = best_draft_length(p, draft_seconds, verify_seconds, self.window + 1, K_MAX)
-        if round_rate(short, p_native, draft_seconds, verify_seconds) > round_rate(long, p, draft_seconds,
-                                                                                    verify_seconds):
-            return short
-        return long
+    def _best_rate(self) -> float:
+        return self._rate(self.k)
+
+    def _best_k(self) -> int:
+        return max(range(1, K_MAX + 1), key=self._rate)
 
     @property
     def mean_k(self) -> float:

@@ -137,9 +137,12 @@ class FlyEngine:
             try:
                 yield
             finally:
-                self.target.reset()
-                if self.drafter is not None:
-                    self.drafter.reset()
+                self._reset_caches()
+
+    def _reset_caches(self) -> None:
+        self.target.reset()
+        if self.drafter is not None:
+            self.drafter.reset()
 
     def _check_prompt(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
         prompt = list(prompt_ids)
@@ -167,9 +170,7 @@ class FlyEngine:
             committed: list[int] = []
             finish = "length"
             try:
-                self.target.reset()
-                if self.drafter is not None:
-                    self.drafter.reset()
+                self._reset_caches()
                 logits = self.target.extend(prompt, keep=1)
                 stats.target_forwards += 1
                 token, _ = sampler.pick(logits[0, : self.vocab_size])
@@ -207,9 +208,7 @@ class FlyEngine:
                     yield tail
             finally:
                 # an abandoned stream must not leave a cache behind for the next request
-                self.target.reset()
-                if self.drafter is not None:
-                    self.drafter.reset()
+                self._reset_caches()
             stats.new_tokens = len(text.token_ids)
             stats.seconds = time.perf_counter() - start
             if policy is not None:
