@@ -30,6 +30,11 @@ class Draft:
 
 
 class Drafter(Protocol):
+    def catch_up(self, context: Sequence[int]) -> None:
+        """Read all of ``context`` but its last id (which the next proposal feeds): the prompt before a
+        request's first round, the tokens committed while decoding plainly before a later one."""
+        ...
+
     def propose(self, context: Sequence[int], shape: DraftShape, sampler: Sampler) -> Draft:
         """Up to ``shape.k`` tokens to follow ``context`` (prompt + committed ids)."""
         ...
@@ -78,6 +83,9 @@ class NgramDrafter:
             probs = _one_hot_rows(tokens, self.vocab_size)  # a deterministic proposal is a one-hot draw
         return Draft(tokens, probs, 0)
 
+    def catch_up(self, context: Sequence[int]) -> None:
+        pass
+
     def commit(self, context: Sequence[int]) -> None:
         pass
 
@@ -98,6 +106,11 @@ class ModelDrafter:
         self.ngram = ngram
         self._ngram_proposed = 0
         self._ngram_kept = 0
+
+    def catch_up(self, context: Sequence[int]) -> None:
+        unread = self.sequence.pending(context)
+        if len(unread) > 1:
+            self.sequence.extend(unread[:-1], keep=1)
 
     def _ngrams_useful(self, shape: DraftShape) -> bool:
         if self.ngram is None:

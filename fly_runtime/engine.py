@@ -141,8 +141,9 @@ class FlyEngine:
 
     def _reset_caches(self) -> None:
         self.target.reset()
-        if self.drafter is not None:
-            self.drafter.reset()
+        for drafter in (self.drafter, self.ngram_drafter):  # two views of one drafter cache: reset both
+            if drafter is not None:
+                drafter.reset()
 
     def _check_prompt(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
         prompt = list(prompt_ids)
@@ -173,6 +174,7 @@ class FlyEngine:
                 self._reset_caches()
                 logits = self.target.extend(prompt, keep=1)
                 stats.target_forwards += 1
+                drafter = self.ngram_drafter if config.ngram else self.drafter
                 token, _ = sampler.pick(logits[0, : self.vocab_size])
                 new = [token]
                 while True:
@@ -190,16 +192,21 @@ class FlyEngine:
                         finish = "timeout"
                         break
                     remaining = config.max_new_tokens - len(committed)
+                    speculate = policy is not None and not policy.next_is_plain() and remaining > 1
+                    if speculate:
+                        context = prompt + committed
+                        # outside the round's timing: the policy prices drafting by a round's draft time,
+                        # which reading the prompt (or the tokens of a plain stretch) is not part of
+                        drafter.catch_up(context)
                     step_start = time.perf_counter()
-                    if policy is None or policy.next_is_plain() or remaining == 1:
+                    if not speculate:
                         new = self._plain_step(committed[-1], sampler, stats)
                         if policy is not None:
                             policy.record_plain(time.perf_counter() - step_start)
                             self._plain_step_seconds = policy.plain_step_seconds
                     else:
-                        drafter = self.ngram_drafter if config.ngram else self.drafter
                         new, drafted, verdict, draft_seconds = self._speculative_step(
-                            drafter, prompt + committed, policy.shape(remaining - 1), sampler, rule, stats)
+                            drafter, context, policy.shape(remaining - 1), sampler, rule, stats)
                         verify_seconds = time.perf_counter() - step_start - draft_seconds
                         policy.record_round(drafted, verdict.accepted, verdict.native_run, len(new),
                                             draft_seconds, verify_seconds)

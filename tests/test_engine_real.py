@@ -127,6 +127,25 @@ def test_abandoned_stream_frees_the_engine(engine, chat_ids, runs):
     assert after.token_ids == runs["ar"][0].token_ids
 
 
+def test_drafter_catches_up_before_drafting_and_requests_start_fresh(engine, chat_ids):
+    from fly_runtime.adaptive import DraftShape
+    from fly_runtime.sampling import Sampler
+
+    prompt = chat_ids(PROMPTS[5])
+    cascade = engine.ngram_drafter
+    with engine.exclusive():
+        cascade.catch_up(prompt[:10])
+        assert cascade.sequence.ids == prompt[:9]
+        cascade.catch_up(prompt)  # reads only what it has not read
+        assert cascade.sequence.ids == prompt[:-1]
+        draft = cascade.propose(prompt, DraftShape(k=4, confidence_floor=0.0, extension=0),
+                                Sampler(0.0, 0, 1.0, torch.Generator()))
+        assert len(draft.token_ids) == 4 and draft.forwards >= 1
+        assert cascade.sequence.ids[: len(prompt)] == prompt  # only the last prompt id was fed with the draft
+    # both views of the drafter (plain and n-gram cascade) forget the request, the n-gram gate included
+    assert len(cascade.sequence) == 0 and cascade._ngram_proposed == 0
+
+
 def test_onnx_logits_match_pytorch(engine, chat_ids):
     """The same target weights give the same logits in ONNX Runtime and in PyTorch."""
     from fly_runtime.backends.torch_backend import TorchBackend
