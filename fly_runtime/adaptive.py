@@ -73,10 +73,10 @@ class Survival:
     def pooled(self) -> float:
         return (self.survived.sum() + self._prior_survived) / (self.reached.sum() + self._prior_reached)
 
-    def expected_kept(self, k: int) -> float:
-        """Expected drafts kept of a K-token draft: sum over i <= K of P(drafts 1..i all survive)."""
-        p = (self.survived[:k] + self.SHRINK * self.pooled) / (self.reached[:k] + self.SHRINK)
-        return float(np.cumprod(p).sum())
+    def expected_kept(self) -> np.ndarray:
+        """Expected drafts kept of a K-token draft for K = 1..K_MAX: sum over i <= K of P(drafts 1..i survive)."""
+        p = (self.survived + self.SHRINK * self.pooled) / (self.reached + self.SHRINK)
+        return np.cumsum(np.cumprod(p))
 
 
 class RoundCost:
@@ -100,7 +100,7 @@ class RoundCost:
     def record(self, k: int, seconds: float) -> None:
         self._sums = self.memory * self._sums + np.array([1.0, k, k * k, seconds, k * seconds])
 
-    def seconds(self, k: int, plain_step_seconds: float) -> float:
+    def seconds(self, k: np.ndarray, plain_step_seconds: float) -> np.ndarray:
         n, sk, skk, sv, skv = self._sums
         mean_k, mean_v = sk / n, sv / n
         spread = skk - n * mean_k**2
@@ -177,7 +177,8 @@ class DraftPolicy:
             self._draft_seconds_per_token = _ema(self._draft_seconds_per_token, draft_seconds / drafted)
         self._verify_seconds = _ema(self._verify_seconds, verify_seconds)
         self._round_cost.record(drafted, draft_seconds + verify_seconds)
-        self.k = self._best_k()
+        rates = self._rates()
+        self.k = int(np.argmax(rates)) + 1
 
         self._rounds.append((produced, draft_seconds + verify_seconds))
         if len(self._rounds) == self._rounds.maxlen and self.plain_step_seconds:
@@ -186,23 +187,18 @@ class DraftPolicy:
             plain_rate = 1.0 / self.plain_step_seconds
             # both the rounds just measured and the best K the estimates promise must lose to plain decoding:
             # a few unlucky rounds alone do not stop speculation that should pay
-            if tokens / spent < plain_rate and self._best_rate() < plain_rate:
+            if tokens / spent < plain_rate and rates[self.k - 1] < plain_rate:
                 self._plain_left = self._stretch
                 self._stretch *= 2
                 self._rounds.clear()
 
-    def _rate(self, k: int) -> float:
-        """Expected tokens per second of a K-token round; FLy forgives only in drafts longer than its window."""
-        survival = self._survival if k > self.window else self._native_survival
+    def _rates(self) -> np.ndarray:
+        """Expected tokens per second of a K-token round for K = 1..K_MAX; FLy forgives only in drafts longer
+        than its window."""
         assert self._verify_seconds is not None
-        seconds = self._round_cost.seconds(k, self.plain_step_seconds or self._verify_seconds)
-        return (1 + survival.expected_kept(k)) / seconds
-
-    def _best_rate(self) -> float:
-        return self._rate(self.k)
-
-    def _best_k(self) -> int:
-        return max(range(1, K_MAX + 1), key=self._rate)
+        k = np.arange(1, K_MAX + 1)
+        kept = np.where(k > self.window, self._survival.expected_kept(), self._native_survival.expected_kept())
+        return (1 + kept) / self._round_cost.seconds(k, self.plain_step_seconds or self._verify_seconds)
 
     @property
     def mean_k(self) -> float:

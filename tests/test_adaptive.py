@@ -2,6 +2,8 @@
 
 import random
 
+import numpy as np
+
 from fly_runtime.adaptive import K_MAX, DraftPolicy, RoundCost
 from fly_runtime.config import GenerationConfig
 
@@ -123,7 +125,8 @@ def test_round_cost_is_fitted_as_intercept_plus_slope():
     cost = RoundCost(memory=0.9)
     for k in [1, 3, 5, 8, 2, 6] * 3:
         cost.record(k, 0.25 + 0.03 * k)
-    assert abs(cost.seconds(1, 0.2) - 0.28) < 2e-3 and abs(cost.seconds(10, 0.2) - 0.55) < 5e-3
+    one, ten = cost.seconds(np.array([1, 10]), 0.2)
+    assert abs(one - 0.28) < 2e-3 and abs(ten - 0.55) < 5e-3
     single = RoundCost(memory=0.9)
     single.record(4, 0.4)  # one K seen: the slope is the prior's
-    assert abs(single.seconds(5, 0.2) - (0.4 + RoundCost.PRIOR_SLOPE * 0.2)) < 1e-9
+    assert abs(single.seconds(np.array([5]), 0.2)[0] - (0.4 + RoundCost.PRIOR_SLOPE * 0.2)) < 1e-9
