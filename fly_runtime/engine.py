@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from fly_runtime.adaptive import DraftPolicy, DraftShape
+from fly_runtime.adaptive import DeferredRead, DraftPolicy, DraftShape
 from fly_runtime.backends.base import CachedSequence
 from fly_runtime.config import GenerationConfig
-from fly_runtime.drafters import Drafter
+from fly_runtime.drafters import Draft, Drafter
 from fly_runtime.errors import InvalidPromptError, InvalidSettingsError
 from fly_runtime.sampling import Sampler
 from fly_runtime.text import StopTextStream
@@ -34,7 +34,8 @@ class GenerationStats:
     native_accepted: int = 0
     fly_forgiven: int = 0
     k: float = 0.0  # mean draft length per speculative round
-    plain_steps: int = 0  # steps decoded without speculation (measuring, or falling back)
+    plain_steps: int = 0  # steps decoded without speculation (measuring, falling back, or lookup found nothing)
+    lookup_rounds: int = 0  # rounds drafted by prompt lookup alone, before the model drafter read the prompt
     seconds: float = 0.0
 
     @property
@@ -104,17 +105,22 @@ class FlyEngine:
         eos_token_ids: Sequence[int],
         max_context: int,
         ngram_drafter: Drafter | None = None,
+        lookup_drafter: Drafter | None = None,
     ) -> None:
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter
         # the same drafter with prompt-lookup n-grams in front (the cascade), used when a request asks for it
         self.ngram_drafter = ngram_drafter or drafter
+        # prompt lookup alone (free to draft), for adaptive requests until the model drafter has read the
+        # prompt; None where the drafter reads nothing (it is prompt lookup itself)
+        self.lookup_drafter = lookup_drafter
         self.vocab_size = vocab_size  # logits beyond the shared vocabulary are padding and never chosen
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_context = max_context
         self._lock = threading.Lock()
         self._plain_step_seconds: float | None = None  # measured cost of one plain target step
+        self._read_share: float | None = None  # measured drafter prompt read / target prefill, per token
 
     # ----------------------------------------------------------------------------------------------- API
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig) -> GenerationStream:
@@ -172,9 +178,16 @@ class FlyEngine:
             finish = "length"
             try:
                 self._reset_caches()
+                prefill_start = time.perf_counter()
                 logits = self.target.extend(prompt, keep=1)
+                prefill_seconds = time.perf_counter() - prefill_start
                 stats.target_forwards += 1
                 drafter = self.ngram_drafter if config.ngram else self.drafter
+                # an adaptive request lets the model drafter read the prompt only once that is likely to pay
+                deferral = None
+                if policy is not None and policy.adaptive and self.lookup_drafter is not None:
+                    deferral = DeferredRead(self._read_share, prefill_seconds / len(prompt))
+                lookup = self.lookup_drafter if config.ngram else None
                 token, _ = sampler.pick(logits[0, : self.vocab_size])
                 new = [token]
                 while True:
@@ -192,24 +205,23 @@ class FlyEngine:
                         finish = "timeout"
                         break
                     remaining = config.max_new_tokens - len(committed)
-                    speculate = policy is not None and not policy.next_is_plain() and remaining > 1
-                    if speculate:
-                        context = prompt + committed
-                        # outside the round's timing: the policy prices drafting by a round's draft time,
-                        # which reading the prompt (or the tokens of a plain stretch) is not part of
-                        drafter.catch_up(context)
+                    context = prompt + committed
                     step_start = time.perf_counter()
-                    if not speculate:
-                        new = self._plain_step(committed[-1], sampler, stats)
-                        if policy is not None:
-                            policy.record_plain(time.perf_counter() - step_start)
-                            self._plain_step_seconds = policy.plain_step_seconds
+                    if policy is None or policy.next_is_plain() or remaining <= 1:
+                        new = self._plain_step(committed[-1], sampler, stats, policy)
+                    elif deferral is not None and not deferral.due(len(context)):
+                        new = self._lookup_step(lookup, context, remaining, sampler, rule, stats, policy)
                     else:
-                        new, drafted, verdict, draft_seconds = self._speculative_step(
-                            drafter, context, policy.shape(remaining - 1), sampler, rule, stats)
-                        verify_seconds = time.perf_counter() - step_start - draft_seconds
-                        policy.record_round(drafted, verdict.accepted, verdict.native_run, len(new),
-                                            draft_seconds, verify_seconds)
+                        drafter.catch_up(context)  # the prompt, or what a plain stretch decoded
+                        if deferral is not None:
+                            self._read_share = deferral.learn(len(context), time.perf_counter() - step_start)
+                            deferral = None
+                        # the round is timed from here: the policy prices drafting by a round's draft time,
+                        # which reading is not part of
+                        new = self._drafted_step(drafter, context, policy.shape(remaining - 1), sampler, rule,
+                                                 stats, policy)
+                    if deferral is not None:
+                        deferral.record(len(new), time.perf_counter() - step_start, policy.plain_step_seconds)
                 tail = text.finish()
                 if tail:
                     yield tail
@@ -230,13 +242,35 @@ class FlyEngine:
                 return new[:i], True
         return new[:budget], False
 
-    def _plain_step(self, last: int, sampler: Sampler, stats: GenerationStats) -> list[int]:
+    def _plain_step(self, last: int, sampler: Sampler, stats: GenerationStats, policy: DraftPolicy | None) -> list[int]:
+        start = time.perf_counter()
         logits = self.target.extend([last])
         stats.target_forwards += 1
         token, _ = sampler.pick(logits[0, : self.vocab_size])
+        if policy is not None:
+            policy.record_plain(time.perf_counter() - start)
+            self._plain_step_seconds = policy.plain_step_seconds
         return [token]
 
-    def _speculative_step(
+    def _lookup_step(
+        self,
+        lookup: Drafter | None,
+        context: list[int],
+        remaining: int,
+        sampler: Sampler,
+        rule: FlyRule | None,
+        stats: GenerationStats,
+        policy: DraftPolicy,
+    ) -> list[int]:
+        """A round drafted by prompt lookup alone, or a plain step where lookup finds nothing (or is off)."""
+        draft = lookup.propose(context, DraftShape(remaining - 1, 0.0, 0), sampler) if lookup else Draft()
+        if not draft.token_ids:
+            return self._plain_step(context[-1], sampler, stats, policy)
+        assert lookup is not None
+        stats.lookup_rounds += 1
+        return self._verify(lookup, draft, context, sampler, rule, stats)[0]
+
+    def _drafted_step(
         self,
         drafter: Drafter,
         context: list[int],
@@ -244,11 +278,27 @@ class FlyEngine:
         sampler: Sampler,
         rule: FlyRule | None,
         stats: GenerationStats,
-    ) -> tuple[list[int], int, Verdict, float]:
-        """One round: the committed tokens, how many were drafted, the verdict, seconds spent drafting."""
-        draft_start = time.perf_counter()
+        policy: DraftPolicy,
+    ) -> list[int]:
+        """A round drafted by the drafter the request chose, timed for the policy."""
+        start = time.perf_counter()
         draft = drafter.propose(context, shape, sampler)
-        draft_seconds = time.perf_counter() - draft_start
+        draft_seconds = time.perf_counter() - start
+        new, verdict = self._verify(drafter, draft, context, sampler, rule, stats)
+        policy.record_round(len(draft.token_ids), verdict.accepted, verdict.native_run, len(new), draft_seconds,
+                            time.perf_counter() - start - draft_seconds)
+        return new
+
+    def _verify(
+        self,
+        drafter: Drafter,
+        draft: Draft,
+        context: list[int],
+        sampler: Sampler,
+        rule: FlyRule | None,
+        stats: GenerationStats,
+    ) -> tuple[list[int], Verdict]:
+        """One target pass over the draft: the committed tokens and the verdict."""
         draft_ids = draft.token_ids
         cached = len(self.target)  # the target has seen all of context but its last token
         logits = self.target.extend([context[-1], *draft_ids])[:, : self.vocab_size]
@@ -268,4 +318,4 @@ class FlyEngine:
         # the target keeps context + kept drafts; the new token is fed at the start of the next round
         self.target.crop(cached + 1 + verdict.accepted)
         drafter.commit(context + kept + [verdict.next_token])
-        return kept + [verdict.next_token], len(draft_ids), verdict, draft_seconds
+        return kept + [verdict.next_token], verdict

@@ -102,6 +102,7 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
     vocab_size = len(tokenizer)
     drafter: Drafter
     cascade: Drafter
+    lookup: NgramDrafter | None = None
     if settings.draft is None:
         drafter = cascade = NgramDrafter(vocab_size=vocab_size)
     else:
@@ -111,6 +112,7 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         # both views share one drafter cache; a request picks one with its `ngram` setting
         drafter = ModelDrafter(draft_sequence, vocab_size)
         cascade = ModelDrafter(draft_sequence, vocab_size, NgramDrafter(vocab_size=vocab_size))
+        lookup = NgramDrafter(vocab_size=vocab_size)
     target_backend = _make_backend(target_model, kind, settings.device, drafter=False)
     return FlyEngine(
         CachedSequence(target_backend),
@@ -120,4 +122,5 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         eos_token_ids=eos_ids(target_model, tokenizer),
         max_context=target_backend.max_context,
         ngram_drafter=cascade,
+        lookup_drafter=lookup,
     )

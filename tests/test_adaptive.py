@@ -4,7 +4,7 @@ import random
 
 import numpy as np
 
-from fly_runtime.adaptive import K_MAX, DraftPolicy, RoundCost
+from fly_runtime.adaptive import K_MAX, DeferredRead, DraftPolicy, RoundCost
 from fly_runtime.config import GenerationConfig
 
 
@@ -130,3 +130,43 @@ def test_round_cost_is_fitted_as_intercept_plus_slope():
     single = RoundCost(memory=0.9)
     single.record(4, 0.4)  # one K seen: the slope is the prior's
     assert abs(single.seconds(np.array([5]), 0.2)[0] - (0.4 + RoundCost.PRIOR_SLOPE * 0.2)) < 1e-9
+
+
+def test_drafter_reads_the_prompt_once_the_savings_forgone_match_the_read():
+    # a 1024-token prompt the target read in 2 s: the drafter's read is priced at a quarter of that
+    read = DeferredRead(None, target_seconds_per_token=2**-9)
+    assert read.price(1024) == DeferredRead.PRIOR_READ_SHARE * 2.0 == 0.5
+    plain_steps = 0
+    while not read.due(1024):
+        read.record(1, 0.25, plain_step_seconds=0.25)  # a plain step forgoes half a step at 2x the plain rate
+        plain_steps += 1
+    assert plain_steps == 4  # 4 x 0.125 s forgone = 0.5 s of reading
+    # a short prompt is read almost at once; a longer one later: the price grows with what there is to read
+    assert _plain_steps_before_read(100) < _plain_steps_before_read(1000) < _plain_steps_before_read(4000)
+
+
+def _plain_steps_before_read(prompt_tokens: int) -> int:
+    read = DeferredRead(None, target_seconds_per_token=0.002)
+    steps = 0
+    while not read.due(prompt_tokens + steps):
+        read.record(1, 0.2, plain_step_seconds=0.2)
+        steps += 1
+    return steps
+
+
+def test_drafter_never_reads_while_prompt_lookup_keeps_up():
+    read = DeferredRead(None, target_seconds_per_token=0.002)
+    for _ in range(500):  # lookup rounds of 3 tokens for 1.3 plain steps beat the drafter's assumed 2x
+        read.record(3, 0.26, plain_step_seconds=0.2)
+    assert not read.due(1000) and read.regret == 0
+    read.record(1, 0.26, plain_step_seconds=0.2)  # a failed lookup round forgoes more than a plain step
+    assert read.regret > 0.2 - 0.2 / DeferredRead.DRAFTER_SPEEDUP
+
+
+def test_measured_read_share_replaces_the_prior_and_short_reads_are_ignored():
+    read = DeferredRead(None, target_seconds_per_token=0.002)
+    assert read.learn(20, 1.0) == DeferredRead.PRIOR_READ_SHARE  # 20 tokens: overhead, not a rate
+    assert read.learn(500, 0.5) == 0.5  # 1 ms per token against the target's 2 ms
+    later = DeferredRead(0.5, target_seconds_per_token=0.002)
+    assert later.price(1000) == 1.0
+    assert 0.3 < later.learn(1000, 0.6) < 0.5  # later reads move the estimate, not replace it

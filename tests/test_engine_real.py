@@ -76,13 +76,16 @@ def test_max_new_tokens_and_eos(engine, chat_ids, runs):
 @pytest.mark.parametrize("mode", ["ar", "exact", "fly"])
 def test_multi_token_stop_string(engine, chat_ids, runs, mode):
     reference = runs[mode][0]
+    if mode == "fly":  # adaptive FLy output depends on the (timed) schedule; a fixed K repeats exactly
+        reference = engine.generate(chat_ids(PROMPTS[0]), GenerationConfig(mode=mode, k=8, max_new_tokens=TOKENS))
     text = reference.text
     # a stop string of several tokens from the middle of the reply
     start = len(text) // 2
     stop = text[start : start + 12]
     assert len(engine.tokenizer.encode(stop)) > 1
     cut = text.index(stop)
-    stream = engine.stream(chat_ids(PROMPTS[0]), GenerationConfig(mode=mode, max_new_tokens=TOKENS, stop=(stop,)))
+    k = 8 if mode == "fly" else None
+    stream = engine.stream(chat_ids(PROMPTS[0]), GenerationConfig(mode=mode, k=k, max_new_tokens=TOKENS, stop=(stop,)))
     pieces = list(stream)
     assert "".join(pieces) == stream.result.text == text[:cut]
     assert stream.result.finish_reason == "stop"
@@ -144,6 +147,46 @@ def test_drafter_catches_up_before_drafting_and_requests_start_fresh(engine, cha
         assert cascade.sequence.ids[: len(prompt)] == prompt  # only the last prompt id was fed with the draft
     # both views of the drafter (plain and n-gram cascade) forget the request, the n-gram gate included
     assert len(cascade.sequence) == 0 and cascade._ngram_proposed == 0
+
+
+def test_a_lone_doubtful_draft_token_is_dropped_in_exact_mode_but_not_in_fly(engine, chat_ids):
+    from fly_runtime.adaptive import DraftShape
+    from fly_runtime.sampling import Sampler
+
+    prompt = chat_ids(PROMPTS[1])
+    drafter = engine.drafter
+    greedy = Sampler(0.0, 0, 1.0, torch.Generator())
+    with engine.exclusive():
+        drafter.catch_up(prompt)
+        # every token is doubtful under a floor of 1: exact drops the draft (a plain step costs less than
+        # verifying one doubtful token); FLy drafts on past its first doubt (a mismatch there may be
+        # forgiven) and stops at the second
+        dropped = drafter.propose(prompt, DraftShape(k=8, confidence_floor=1.0, extension=0), greedy)
+        assert dropped.token_ids == [] and dropped.forwards == 1
+        drafter.commit(prompt)
+        windowed = drafter.propose(prompt, DraftShape(k=8, confidence_floor=1.0, extension=3), greedy)
+        assert len(windowed.token_ids) == 2 and windowed.forwards == 2
+    # the engine stays exact when drafts are dropped: exact output still equals ar
+    config = dict(max_new_tokens=24)
+    assert engine.generate(prompt, GenerationConfig(mode="exact", **config)).token_ids == \
+        engine.generate(prompt, GenerationConfig(mode="ar", **config)).token_ids
+
+
+def test_short_answer_to_a_long_prompt_spares_the_drafter_its_read(engine, chat_ids):
+    # a long document and a question answered in a few tokens: reading the document would cost the drafter
+    # far more than drafting could save, so an adaptive request drafts by prompt lookup alone
+    lines = [f"order {i}: customer {i % 7} bought {i * 3 % 11} boxes of item {i * 5 % 13}" for i in range(60)]
+    document = "\n".join(lines)
+    ids = chat_ids(f"{document}\n\nCopy the line for order 42 exactly.")
+    assert len(ids) > 1000
+    ar = engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=12))
+    exact = engine.generate(ids, GenerationConfig(mode="exact", max_new_tokens=12))
+    assert exact.token_ids == ar.token_ids
+    assert exact.stats.drafter_forwards == 0 and exact.stats.lookup_rounds > 0
+    assert exact.stats.target_forwards < ar.stats.target_forwards  # the copied line came from lookup
+    # a fixed K keeps the fixed schedule: the drafter reads the prompt and drafts from the first round
+    fixed = engine.generate(ids, GenerationConfig(mode="exact", k=4, max_new_tokens=12))
+    assert fixed.token_ids == ar.token_ids and fixed.stats.drafter_forwards > 0 and fixed.stats.lookup_rounds == 0
 
 
 def test_onnx_logits_match_pytorch(engine, chat_ids):

@@ -66,7 +66,9 @@ class HfAssisted:
                 new = new[:i]
                 break
         return {"new_tokens": len(new), "seconds": seconds, "mean_accepted": None, "acceptance_rate": None,
-                "fly_forgiven": None, "k": None, "text": tokenizer.decode(new, skip_special_tokens=True)}
+                "fly_forgiven": None, "k": None, "target_forwards": None, "plain_steps": None,
+                "lookup_rounds": None, "drafter_forwards": None,
+                "text": tokenizer.decode(new, skip_special_tokens=True)}
 
 
 def measure_verify_cost(engine: FlyEngine, context: int = 256, repeats: int = 5) -> dict:
@@ -111,7 +113,8 @@ def run_benchmark(
         s = result.stats
         return {"new_tokens": s.new_tokens, "seconds": s.seconds, "mean_accepted": s.mean_accepted,
                 "acceptance_rate": s.acceptance_rate, "fly_forgiven": s.fly_forgiven, "k": s.k,
-                "target_forwards": s.target_forwards, "text": result.text}
+                "target_forwards": s.target_forwards, "plain_steps": s.plain_steps, "lookup_rounds": s.lookup_rounds,
+                "drafter_forwards": s.drafter_forwards, "text": result.text}
 
     warmup = encode(tasks[0])
     for spec in modes:  # loads lazily-initialised kernels and caches; not counted
