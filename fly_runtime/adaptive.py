@@ -2,16 +2,15 @@
 
 Speculation only pays when a round's tokens cost less than as many plain steps, so the policy chooses from
 what it measures in the request:
-- the draft length K maximises expected tokens per second. A K-token draft yields 1 + sum over i <= K of
-  P(the first i drafts survive) tokens, from per-position survival estimates (see ``Survival``), and
-  costs a + b*K seconds, fitted to the measured rounds (see ``RoundCost``). Verifying K drafts is one target
-  pass over K+1 tokens, which on a memory-bound target costs little more than a plain step; so a short draft
-  risks little, speculation at small K pays where acceptance is poor, and long drafts cost only b each.
-  FLy-forgiven tokens count as kept, but only a draft of at least W+1 tokens leaves a forgivable mismatch
+- the draft length K (at least ``MIN_K``) maximises expected tokens per second. A K-token draft yields
+  1 + sum over i <= K of P(the first i drafts survive) tokens, from per-position survival estimates (see
+  ``Survival``), and costs a + b*K seconds, fitted to the measured rounds (see ``RoundCost``). Verifying K
+  drafts is one target pass over K+1 tokens, which on a memory-bound target costs little more than a plain
+  step, so long drafts cost only b each. FLy-forgiven tokens count as kept, but only a draft of at least W+1 tokens leaves a forgivable mismatch
   its window: shorter drafts are judged by native survival (up to the first native mismatch), longer ones
   by FLy's, and the better expected rate wins. So FLy drafts short only where forgiving would not pay;
 - where the drafter stops: below the top-1 probability where one more draft token stops paying (draft time
-  / verification time, at most 0.3) its token is likely wrong. In exact mode the draft ends there. In FLy
+  / verification time, at most 0.05) its token is likely wrong. In exact mode the draft ends there. In FLy
   mode a doubtful token is exactly where the target is likely uncertain too and a mismatch may be
   forgiven, but only if ``window`` more drafts follow; so the draft runs on for the window, and ends at the
   next doubtful token;
@@ -30,6 +29,14 @@ import numpy as np
 from fly_runtime.config import GenerationConfig
 
 K_MAX = 16
+# Adaptive drafts are at least this long. The rate model prefers 1-3 token drafts wherever acceptance is
+# middling, and measured, those lose: on Spec-Bench prose (writing, roleplay, humanities, translation) the
+# policy settled on K = 2-3, whose slow rounds then tripped the fallback (24-72 plain steps), where a fixed
+# K = 5 ran 1.2-1.3x faster than plain; with K >= 4 the same 7 prompts took 53.7 s against 58.9 s (fixed
+# K = 5: 52.8 s). Verifying K+1 tokens costs ~1.3-1.5 plain steps whatever K (ONNX Runtime, this CPU), and
+# the per-position survival of positions a short draft never reaches leans on the pooled rate, which
+# undervalues the streaks in which drafts are kept; where even K = 4 does not pay, the fallback decides.
+MIN_K = 4
 
 
 @dataclass(frozen=True)
@@ -110,8 +117,10 @@ class RoundCost:
 
 
 class DraftPolicy:
-    MAX_CONFIDENCE_FLOOR = 0.3
-    ROUNDS_MEASURED = 4  # rounds of speculation judged together against plain decoding
+    MAX_CONFIDENCE_FLOOR = 0.05
+    # rounds of speculation judged together against plain decoding; at 4, single unlucky streaks sent prose
+    # requests that fixed K=5 sped up 1.1-1.3x into plain stretches of 24-72 steps
+    ROUNDS_MEASURED = 8
     PLAIN_STRETCH = 24  # plain steps before speculation is probed again (doubles after each failed probe)
     PRIOR_P = 0.75  # starting guess for the survival probability, worth one round of evidence
     MEMORY = 0.9  # per round, older evidence fades by this factor: a request turns from code to prose
@@ -152,9 +161,12 @@ class DraftPolicy:
     def confidence_floor(self) -> float:
         """Drafter top-1 probability below which drafting on does not pay.
 
-        One more draft token costs d seconds and, if it survives (probability ~ the drafter's confidence c),
-        saves about one round's share of verification v; so drafting on pays while c > d / v. Cheap drafts
-        (an int4 drafter: d/v ~ 0.08 here) run on through doubt; dear ones stop sooner.
+        One more draft token costs d seconds and, if it survives, saves about one round's share of
+        verification v; so drafting on pays while P(survive) > d / v. The drafter's confidence c understates
+        P(survive) well below 1: on Spec-Bench (6 categories, K=5) the target kept reached draft tokens at
+        c in 0.1-0.2 about half the time (0.49, n=39), at 0.3-0.5 0.52, and only below 0.1 none (0/4). So the
+        floor is d / v but at most ``MAX_CONFIDENCE_FLOOR``: at 0.3 it cut drafts the target would have kept
+        (8 prose prompts: 141 s with it, 135 s without, 130 s at a fixed K=5).
         """
         if self._draft_seconds_per_token is None or not self._verify_seconds:
             return self.MAX_CONFIDENCE_FLOOR
@@ -180,7 +192,7 @@ class DraftPolicy:
         if self._verify_seconds is None:
             return
         rates = self._rates()
-        self.k = int(np.argmax(rates)) + 1
+        self.k = int(np.argmax(rates[MIN_K - 1 :])) + MIN_K
 
         self._rounds.append((produced, draft_seconds + verify_seconds))
         if len(self._rounds) == self._rounds.maxlen and self.plain_step_seconds:
