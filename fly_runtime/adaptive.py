@@ -6,9 +6,10 @@ what it measures in the request:
   1 + sum over i <= K of P(the first i drafts survive) tokens, from per-position survival estimates (see
   ``Survival``), and costs a + b*K seconds, fitted to the measured rounds (see ``RoundCost``). Verifying K
   drafts is one target pass over K+1 tokens, which on a memory-bound target costs little more than a plain
-  step, so long drafts cost only b each. FLy-forgiven tokens count as kept, but only a draft of at least W+1 tokens leaves a forgivable mismatch
-  its window: shorter drafts are judged by native survival (up to the first native mismatch), longer ones
-  by FLy's, and the better expected rate wins. So FLy drafts short only where forgiving would not pay;
+  step, so long drafts cost only b each. FLy-forgiven tokens count as kept, but only a draft of at least
+  W+1 tokens leaves a forgivable mismatch its window: shorter drafts are judged by native survival (up to
+  the first native mismatch), longer ones by FLy's, and the better expected rate wins. So FLy drafts short
+  only where forgiving would not pay;
 - where the drafter stops: below the top-1 probability where one more draft token stops paying (draft time
   / verification time, at most 0.05) its token is likely wrong. In exact mode the draft ends there. In FLy
   mode a doubtful token is exactly where the target is likely uncertain too and a mismatch may be

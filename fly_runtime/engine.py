@@ -242,7 +242,10 @@ class FlyEngine:
                 return new[:i], True
         return new[:budget], False
 
-    def _plain_step(self, last: int, sampler: Sampler, stats: GenerationStats, policy: DraftPolicy | None) -> list[int]:
+    def _plain_step(
+        self, last: int, sampler: Sampler, stats: GenerationStats, policy: DraftPolicy | None
+    ) -> list[int]:
+        """One target step; timed for the policy, whose plain-step estimate the engine keeps for later requests."""
         start = time.perf_counter()
         logits = self.target.extend([last])
         stats.target_forwards += 1

@@ -110,9 +110,10 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         check_same_tokenizer(tokenizer, load_tokenizer(draft_model), settings.target, settings.draft)
         draft_sequence = CachedSequence(_make_backend(draft_model, kind, settings.device, drafter=True))
         # both views share one drafter cache; a request picks one with its `ngram` setting
-        drafter = ModelDrafter(draft_sequence, vocab_size)
-        cascade = ModelDrafter(draft_sequence, vocab_size, NgramDrafter(vocab_size=vocab_size))
+        # prompt lookup (stateless) serves twice: in front of the drafter, and alone before the drafter reads
         lookup = NgramDrafter(vocab_size=vocab_size)
+        drafter = ModelDrafter(draft_sequence, vocab_size)
+        cascade = ModelDrafter(draft_sequence, vocab_size, lookup)
     target_backend = _make_backend(target_model, kind, settings.device, drafter=False)
     return FlyEngine(
         CachedSequence(target_backend),
