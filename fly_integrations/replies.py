@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from fly_integrations.prompting import render_prompt
 from fly_integrations.tool_calls import ReplySplitter, ToolCall
+from fly_integrations.tools import conform_arguments
 from fly_runtime import FlyEngine, GenerationConfig, GenerationResult
 
 
@@ -52,6 +53,7 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
                 if delta := splitter.push(piece):
                     yield delta
         rest, calls = splitter.finish()
+        calls = [_conformed(call, request.tools or []) for call in calls]
         if rest:
             yield rest
         if calls and choice in (None, "auto") and _all_answered(calls, request.messages):
@@ -60,6 +62,14 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
         assert stream.result is not None
         yield Reply(splitter.emitted, calls, stream.result)
         return
+
+
+def _conformed(call: ToolCall, tools: list[dict]) -> ToolCall:
+    """The call with its arguments converted to the types its tool declares (see ``conform_arguments``)."""
+    for tool in tools:
+        if tool["function"]["name"] == call.name:
+            call.arguments = conform_arguments(call.arguments, tool["function"].get("parameters", {}))
+    return call
 
 
 def reply(request: ReplyRequest) -> Reply:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fly_runtime.errors import InvalidPromptError
@@ -45,6 +46,38 @@ def _schema_problem(schema: Any, path: str = "parameters") -> str | None:
     required = schema.get("required", [])
     if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
         return f"{path}.required must be a list of property names"
+    return None
+
+
+def conform_arguments(arguments: dict[str, Any], parameters: dict[str, Any]) -> dict[str, Any]:
+    """Arguments with numbers and booleans the model wrote as strings converted to the types the tool declares.
+
+    Qwen2.5 at times quotes a number, and FLy's loosened verification can keep a drafted quote the target
+    would not have written: the LlamaIndex agent example under `fly` called multiply(a='1234', b='5678') where
+    `ar` wrote integers, and the tool failed. Only a string that reads exactly as the declared type is
+    converted; anything else is passed on as written, for the tool's own validation to judge.
+    """
+    properties = parameters.get("properties", {})
+    conformed = dict(arguments)
+    for key, value in arguments.items():
+        declared = properties.get(key, {}).get("type") if isinstance(properties.get(key), dict) else None
+        kinds = declared if isinstance(declared, list) else [declared]
+        if isinstance(value, str) and "string" not in kinds:
+            for kind in kinds:
+                converted = _from_string(value.strip(), kind)
+                if converted is not None:
+                    conformed[key] = converted
+                    break
+    return conformed
+
+
+def _from_string(text: str, kind: Any) -> int | float | bool | None:
+    if kind == "integer" and re.fullmatch(r"[+-]?\d+", text):
+        return int(text)
+    if kind == "number" and re.fullmatch(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", text):
+        return float(text) if any(c in text for c in ".eE") else int(text)
+    if kind == "boolean" and text in ("true", "false"):
+        return text == "true"
     return None
 
 

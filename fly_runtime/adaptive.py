@@ -2,22 +2,20 @@
 
 Speculation only pays when a round's tokens cost less than as many plain steps, so the policy chooses from
 what it measures in the request:
-- the draft length K (at least ``MIN_K``) maximises expected tokens per second. A K-token draft yields
-  1 + sum over i <= K of P(the first i drafts survive) tokens, from per-position survival estimates (see
-  ``Survival``), and costs a + b*K seconds, fitted to the measured rounds (see ``RoundCost``). Verifying K
-  drafts is one target pass over K+1 tokens, which on a memory-bound target costs little more than a plain
-  step, so long drafts cost only b each. FLy-forgiven tokens count as kept, but only a draft of at least
-  W+1 tokens leaves a forgivable mismatch its window: shorter drafts are judged by native survival (up to
-  the first native mismatch), longer ones by FLy's, and the better expected rate wins. So FLy drafts short
-  only where forgiving would not pay;
+- the draft length K maximises expected tokens per second, but never drops below the mode's fixed default
+  (5 exact, 8 FLy; see ``DraftPolicy.__init__``). A K-token draft yields 1 + sum over i <= K of P(the first
+  i drafts survive) tokens, from per-position survival estimates (see ``Survival``; FLy-forgiven drafts
+  count as survivors), and costs a + b*K seconds, fitted to the measured rounds (see ``RoundCost``).
+  Verifying K drafts is one target pass over K+1 tokens, which on a memory-bound target costs little more
+  than a plain step, so long drafts cost only b each;
 - where the drafter stops: below the top-1 probability where one more draft token stops paying (draft time
   / verification time, at most 0.05) its token is likely wrong. In exact mode the draft ends there. In FLy
   mode a doubtful token is exactly where the target is likely uncertain too and a mismatch may be
   forgiven, but only if ``window`` more drafts follow; so the draft runs on for the window, and ends at the
   next doubtful token;
-- whether to speculate: when the last rounds produced tokens slower than plain decoding does, and the best
-  K under the current estimates promises no better, decode plainly for a stretch (re-measuring the plain
-  step), then probe speculation again; each failed probe doubles the stretch.
+- whether to speculate: when the last rounds produced tokens clearly slower than plain decoding does (by
+  ``FALLBACK_MARGIN``), and the best K under the current estimates promises no better, decode plainly for a
+  stretch (re-measuring the plain step), then probe speculation again; each failed probe doubles the stretch.
 """
 
 from __future__ import annotations
@@ -30,14 +28,6 @@ import numpy as np
 from fly_runtime.config import GenerationConfig
 
 K_MAX = 16
-# Adaptive drafts are at least this long. The rate model prefers 1-3 token drafts wherever acceptance is
-# middling, and measured, those lose: on Spec-Bench prose (writing, roleplay, humanities, translation) the
-# policy settled on K = 2-3, whose slow rounds then tripped the fallback (24-72 plain steps), where a fixed
-# K = 5 ran 1.2-1.3x faster than plain; with K >= 4 the same 7 prompts took 53.7 s against 58.9 s (fixed
-# K = 5: 52.8 s). Verifying K+1 tokens costs ~1.3-1.5 plain steps whatever K (ONNX Runtime, this CPU), and
-# the per-position survival of positions a short draft never reaches leans on the pooled rate, which
-# undervalues the streaks in which drafts are kept; where even K = 4 does not pay, the fallback decides.
-MIN_K = 4
 
 
 @dataclass(frozen=True)
@@ -119,9 +109,12 @@ class RoundCost:
 
 class DraftPolicy:
     MAX_CONFIDENCE_FLOOR = 0.05
-    # rounds of speculation judged together against plain decoding; at 4, single unlucky streaks sent prose
-    # requests that fixed K=5 sped up 1.1-1.3x into plain stretches of 24-72 steps
-    ROUNDS_MEASURED = 8
+    # rounds of speculation judged together against plain decoding, and by how much they must lose. Kept tokens
+    # per round vary 1-6 from round to round, so 8 rounds judged against plain alone were noise: on a writing
+    # prompt where fixed K = 5 ran 1.13x faster than plain, the worst 8-round stretches ran at 0.56x and 0.82x,
+    # and falling back cost 54 plain steps (exact 20.2 s against 17.9 s)
+    ROUNDS_MEASURED = 16
+    FALLBACK_MARGIN = 0.85
     PLAIN_STRETCH = 24  # plain steps before speculation is probed again (doubles after each failed probe)
     PRIOR_P = 0.75  # starting guess for the survival probability, worth one round of evidence
     MEMORY = 0.9  # per round, older evidence fades by this factor: a request turns from code to prose
@@ -133,13 +126,22 @@ class DraftPolicy:
         self.adaptive = config.adaptive and config.k is None and not seeded_sampling
         self.window = config.window if config.mode == "fly" else 0
         self.k = config.draft_length
+        # adaptive drafts are at least the mode's fixed default long. The rate model prefers shorter drafts
+        # wherever acceptance is middling, and measured, those lose: on Spec-Bench prose (writing, roleplay,
+        # translation) exact drafts of K = 4 kept 0.1-0.4 fewer tokens per round than K = 5 (tau 2.61 / 2.67
+        # against 2.72 / 3.12) for ~0.14 plain steps saved per draft token, and K = 2-3 drafts were slow enough to
+        # trip the fallback (24-72 plain steps) where a fixed K = 5 ran 1.2-1.3x faster than plain. FLy forgives
+        # a mismatch only with ``window`` checked drafts after it, so below K = 8 it forgives at most at draft
+        # 1 and drafts like exact matching: FLy with K = 5-7 ran at 5.3 / 4.8 / 3.8 tokens/s on three prose
+        # prompts where K = 8 ran at 8.2 / 4.9 / 4.7 (measured before the engine kept torch to one thread; on
+        # roleplay FLy at K >= 8 now trails exact at K = 5). Where even the default does not pay, the fallback
+        # decides.
+        self.min_k = self.k
         self.plain_step_seconds = plain_step_seconds
         self._rounds: deque[tuple[int, float]] = deque(maxlen=self.ROUNDS_MEASURED)
         self._plain_left = 0
         self._stretch = self.PLAIN_STRETCH
-        # survival with FLy's forgiveness, and native only (what a draft too short for the window keeps)
-        self._survival = Survival(self.PRIOR_P, self.MEMORY)
-        self._native_survival = Survival(self.PRIOR_P, self.MEMORY)
+        self._survival = Survival(self.PRIOR_P, self.MEMORY)  # FLy-forgiven drafts count as survivors
         self._draft_seconds_per_token: float | None = None
         self._verify_seconds: float | None = None
         self._round_cost = RoundCost(self.MEMORY)
@@ -178,7 +180,7 @@ class DraftPolicy:
         self.plain_step_seconds = _ema(self.plain_step_seconds, seconds)
         self._plain_left = max(0, self._plain_left - 1)
 
-    def record_round(self, drafted: int, accepted: int, native_run: int, produced: int, draft_seconds: float,
+    def record_round(self, drafted: int, accepted: int, produced: int, draft_seconds: float,
                      verify_seconds: float) -> None:
         self.rounds += 1
         self.drafted_k_total += drafted
@@ -186,14 +188,13 @@ class DraftPolicy:
             return
         if drafted:  # a round whose draft was dropped whole cost a plain step: no evidence on drafts or their cost
             self._survival.record(accepted, drafted)
-            self._native_survival.record(native_run, drafted)
             self._draft_seconds_per_token = _ema(self._draft_seconds_per_token, draft_seconds / drafted)
             self._verify_seconds = _ema(self._verify_seconds, verify_seconds)
             self._round_cost.record(drafted, draft_seconds + verify_seconds)
         if self._verify_seconds is None:
             return
         rates = self._rates()
-        self.k = int(np.argmax(rates[MIN_K - 1 :])) + MIN_K
+        self.k = int(np.argmax(rates[self.min_k - 1 :])) + self.min_k
 
         self._rounds.append((produced, draft_seconds + verify_seconds))
         if len(self._rounds) == self._rounds.maxlen and self.plain_step_seconds:
@@ -202,17 +203,16 @@ class DraftPolicy:
             plain_rate = 1.0 / self.plain_step_seconds
             # both the rounds just measured and the best K the estimates promise must lose to plain decoding:
             # a few unlucky rounds alone do not stop speculation that should pay
-            if tokens / spent < plain_rate and rates[self.k - 1] < plain_rate:
+            if tokens / spent < self.FALLBACK_MARGIN * plain_rate and rates[self.k - 1] < plain_rate:
                 self._plain_left = self._stretch
                 self._stretch *= 2
                 self._rounds.clear()
 
     def _rates(self) -> np.ndarray:
-        """Expected tokens per second of a K-token round for K = 1..K_MAX; FLy forgives only in drafts longer
-        than its window."""
+        """Expected tokens per second of a K-token round for K = 1..K_MAX."""
         assert self._verify_seconds is not None
         k = np.arange(1, K_MAX + 1)
-        kept = np.where(k > self.window, self._survival.expected_kept(), self._native_survival.expected_kept())
+        kept = self._survival.expected_kept()
         return (1 + kept) / self._round_cost.seconds(k, self.plain_step_seconds or self._verify_seconds)
 
     @property
@@ -233,12 +233,19 @@ class DeferredRead:
     hindsight never worse than twice the better choice). Where lookup alone keeps up, nothing is forgone and
     the drafter never reads. The speedup is a deliberately optimistic guess: it makes the read come early,
     which costs little where drafting turns out poor (the policy then falls back) and forgoes little where
-    it turns out good.
+    it turns out good. A read priced at a few plain steps is bought at once (``READ_AT_ONCE_STEPS``): the
+    worst case ski rental guards against, an answer too short to repay it, is the rare one.
     """
 
     DRAFTER_SPEEDUP = 2.0
     PRIOR_READ_SHARE = 0.25  # drafter read seconds / target prefill seconds, until a read is measured
     MIN_MEASURED_READ = 64  # tokens; shorter reads are dominated by per-call overhead
+    # a read priced at up to this many plain steps is bought at once. Most answers run long enough to repay a
+    # few steps, and renting first costs short answers most: with the read of a 65-200 token prompt (1-3.6
+    # steps here) deferred, Spec-Bench reasoning and extraction answers of 11-15 tokens spent 2-3 plain steps
+    # and lookup rounds first and ran at 0.88-0.99x of plain decoding, against 1.14-1.33x reading at once.
+    # Summaries and RAG prompts (660-740 tokens, 11 steps) still rent.
+    READ_AT_ONCE_STEPS = 6.0
 
     def __init__(self, read_share: float | None, target_seconds_per_token: float) -> None:
         self._measured = read_share is not None
@@ -253,8 +260,15 @@ class DeferredRead:
     def record(self, tokens: int, seconds: float, plain_step_seconds: float) -> None:
         self.regret += max(0.0, seconds - tokens * plain_step_seconds / self.DRAFTER_SPEEDUP)
 
-    def due(self, unread: int) -> bool:
-        return self.regret >= self.price(unread)
+    def due(self, unread: int, plain_step_seconds: float | None, budget: int) -> bool:
+        """Read now? At once where the read is cheap and the token budget could repay it, else once the
+        savings forgone match its price."""
+        price = self.price(unread)
+        if plain_step_seconds is not None:
+            repayable = budget * (1 - 1 / self.DRAFTER_SPEEDUP)  # plain steps drafting could save at best
+            if price <= min(self.READ_AT_ONCE_STEPS, repayable) * plain_step_seconds:
+                return True
+        return self.regret >= price
 
     def learn(self, unread: int, seconds: float) -> float:
         """The read share measured on a read of ``unread`` tokens (kept where the read was too short to tell)."""

@@ -124,4 +124,5 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         max_context=target_backend.max_context,
         ngram_drafter=cascade,
         lookup_drafter=lookup,
+        host_threads=1 if kind == "onnx" else None,
     )

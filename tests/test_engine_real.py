@@ -189,6 +189,30 @@ def test_short_answer_to_a_long_prompt_spares_the_drafter_its_read(engine, chat_
     assert fixed.token_ids == ar.token_ids and fixed.stats.drafter_forwards > 0 and fixed.stats.lookup_rounds == 0
 
 
+def test_a_short_prompt_is_read_by_the_drafter_at_once(engine, chat_ids, runs):
+    # reading a short prompt costs the drafter less than a plain step: renting first (plain steps, lookup
+    # rounds) would only delay drafting. `runs` has measured the plain step the price is compared with.
+    ids = chat_ids(PROMPTS[1])
+    exact = engine.generate(ids, GenerationConfig(mode="exact", max_new_tokens=24))
+    assert exact.stats.lookup_rounds == 0 and exact.stats.drafter_forwards > 0
+    assert exact.stats.plain_steps <= 1  # the budget's last token, if one remains alone, is decoded plainly
+    assert exact.token_ids == engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=24)).token_ids
+
+
+def test_torch_keeps_off_onnx_runtimes_cores_while_generating_and_the_setting_is_restored(engine, chat_ids):
+    assert engine.host_threads == 1  # the default pair runs on ONNX Runtime
+    caller = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        stream = engine.stream(chat_ids(PROMPTS[0]), GenerationConfig(mode="exact", max_new_tokens=8))
+        next(stream)
+        during = torch.get_num_threads()
+        stream.close()
+        assert during == 1 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(caller)
+
+
 def test_onnx_logits_match_pytorch(engine, chat_ids):
     """The same target weights give the same logits in ONNX Runtime and in PyTorch."""
     from fly_runtime.backends.torch_backend import TorchBackend

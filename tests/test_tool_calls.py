@@ -59,3 +59,17 @@ def test_repeated_answered_call_is_detected():
     assert _all_answered([ToolCall("get_weather", {"city": "Oslo"})], history)
     assert not _all_answered([ToolCall("get_weather", {"city": "Rome"})], history)
     assert not _all_answered([ToolCall("get_weather", {"city": "Oslo"})], history[:2])  # no result yet
+
+
+def test_quoted_numbers_and_booleans_take_the_types_the_tool_declares():
+    from fly_integrations.tools import conform_arguments
+
+    parameters = {"type": "object", "properties": {
+        "a": {"type": "integer"}, "rate": {"type": "number"}, "exact": {"type": "boolean"},
+        "zip": {"type": "string"}, "limit": {"type": ["integer", "null"]}}}
+    written = {"a": "1234", "rate": "2.5", "exact": "true", "zip": "0150", "limit": " 7 ", "extra": "3"}
+    assert conform_arguments(written, parameters) == {
+        "a": 1234, "rate": 2.5, "exact": True, "zip": "0150", "limit": 7, "extra": "3"}
+    # what does not read as the declared type is passed on as written, for the tool to judge
+    assert conform_arguments({"a": "12 apples", "exact": "yes"}, parameters) == {"a": "12 apples", "exact": "yes"}
+    assert written["a"] == "1234"  # the caller's dict is left as it was
