@@ -40,6 +40,13 @@ class ReplyRequest:
             return None
         return {t["function"]["name"] for t in self.tools}
 
+    def parameters_of(self, name: str) -> dict:
+        """The JSON schema of the named tool's parameters (empty if no such tool is bound)."""
+        for tool in self.tools or []:
+            if tool["function"]["name"] == name:
+                return tool["function"].get("parameters", {})
+        return {}
+
 
 def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
     choice = request.tool_choice
@@ -53,7 +60,8 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
                 if delta := splitter.push(piece):
                     yield delta
         rest, calls = splitter.finish()
-        calls = [_conformed(call, request.tools or []) for call in calls]
+        for call in calls:
+            call.arguments = conform_arguments(call.arguments, request.parameters_of(call.name))
         if rest:
             yield rest
         if calls and choice in (None, "auto") and _all_answered(calls, request.messages):
@@ -62,14 +70,6 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
         assert stream.result is not None
         yield Reply(splitter.emitted, calls, stream.result)
         return
-
-
-def _conformed(call: ToolCall, tools: list[dict]) -> ToolCall:
-    """The call with its arguments converted to the types its tool declares (see ``conform_arguments``)."""
-    for tool in tools:
-        if tool["function"]["name"] == call.name:
-            call.arguments = conform_arguments(call.arguments, tool["function"].get("parameters", {}))
-    return call
 
 
 def reply(request: ReplyRequest) -> Reply:

@@ -60,7 +60,8 @@ def conform_arguments(arguments: dict[str, Any], parameters: dict[str, Any]) -> 
     properties = parameters.get("properties", {})
     conformed = dict(arguments)
     for key, value in arguments.items():
-        declared = properties.get(key, {}).get("type") if isinstance(properties.get(key), dict) else None
+        spec = properties.get(key)
+        declared = spec.get("type") if isinstance(spec, dict) else None
         kinds = declared if isinstance(declared, list) else [declared]
         if isinstance(value, str) and "string" not in kinds:
             for kind in kinds:
