@@ -3,16 +3,17 @@
 Yields text deltas as they become final, then one ``Reply``. A model that answers a tool result by
 repeating a call already answered in the conversation (same tool, same arguments) learns nothing new
 from it; such a reply is replaced by a second generation with tools off, so agent loops terminate.
+Where tools are bound, FLy verifies the text inside ``<tool_call>`` blocks exactly.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fly_integrations.prompting import render_prompt
-from fly_integrations.tool_calls import ReplySplitter, ToolCall
+from fly_integrations.tool_calls import CLOSE, OPEN, ReplySplitter, ToolCall
 from fly_integrations.tools import conform_arguments
 from fly_runtime import FlyEngine, GenerationConfig, GenerationResult
 
@@ -55,7 +56,10 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
                                request.json_schema)
         names = request.tool_names if choice != "none" else None
         splitter = ReplySplitter(prompt.prefill, names is not None, names)
-        with request.engine.stream(prompt.token_ids, request.config(prompt.stop)) as stream:
+        config = request.config(prompt.stop)
+        if names is not None:  # a call's arguments must be the target's own, not a forgiven alternative
+            config = replace(config, exact_spans=((OPEN, CLOSE),))
+        with request.engine.stream(prompt.token_ids, config) as stream:
             for piece in stream:
                 if delta := splitter.push(piece):
                     yield delta

@@ -14,8 +14,10 @@ what it measures in the request:
   forgiven, but only if ``window`` more drafts follow; so the draft runs on for the window, and ends at the
   next doubtful token;
 - whether to speculate: when the last rounds produced tokens clearly slower than plain decoding does (by
-  ``FALLBACK_MARGIN``), and the best K under the current estimates promises no better, decode plainly for a
-  stretch (re-measuring the plain step), then probe speculation again; each failed probe doubles the stretch.
+  ``FALLBACK_MARGIN``), and the best K under the current estimates promises no better, FLy first gives up
+  the room its window needs (drafts as short as exact matching's); after that, or in exact mode, decode
+  plainly for a stretch (re-measuring the plain step), then probe speculation again; each failed probe
+  doubles the stretch.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fly_runtime.config import GenerationConfig
+from fly_runtime.config import DEFAULT_K, GenerationConfig
 
 K_MAX = 16
 
@@ -133,9 +135,14 @@ class DraftPolicy:
         # trip the fallback (24-72 plain steps) where a fixed K = 5 ran 1.2-1.3x faster than plain. FLy forgives
         # a mismatch only with ``window`` checked drafts after it, so below K = 8 it forgives at most at draft
         # 1 and drafts like exact matching: FLy with K = 5-7 ran at 5.3 / 4.8 / 3.8 tokens/s on three prose
-        # prompts where K = 8 ran at 8.2 / 4.9 / 4.7 (measured before the engine kept torch to one thread; on
-        # roleplay FLy at K >= 8 now trails exact at K = 5). Where even the default does not pay, the fallback
-        # decides.
+        # prompts where K = 8 ran at 8.2 / 4.9 / 4.7 (measured before the engine kept torch to one thread).
+        # Letting the rate model take FLy down to K = 5 wherever its forgiving survival (counted only where a
+        # draft left the window room) did not beat the native one ran no faster since (8 Spec-Bench prompts:
+        # 1.41x against 1.42x): forgiveness is rare per round (0-4 per 128 tokens) but rescues a whole draft
+        # when it comes, so a request that gave up K >= 8 early lost it where it paid (writing 1.53x / 1.24x
+        # against 1.64x / 1.40x, code 2.66x against 3.07x). So FLy gives up its room only where the fallback
+        # test says speculation is losing (see ``record_round``); where even exact's default does not pay,
+        # the fallback decides.
         self.min_k = self.k
         self.plain_step_seconds = plain_step_seconds
         self._rounds: deque[tuple[int, float]] = deque(maxlen=self.ROUNDS_MEASURED)
@@ -159,7 +166,9 @@ class DraftPolicy:
         k = min(self.k, remaining)
         if not self.adaptive:
             return DraftShape(k, 0.0, 0)
-        return DraftShape(k, self.confidence_floor(), self.window, gate_ngrams=True)
+        # a draft no longer than the window leaves no mismatch room to be forgiven: it drafts like exact matching
+        extension = self.window if k > self.window else 0
+        return DraftShape(k, self.confidence_floor(), extension, gate_ngrams=True)
 
     def confidence_floor(self) -> float:
         """Drafter top-1 probability below which drafting on does not pay.
@@ -204,8 +213,14 @@ class DraftPolicy:
             # both the rounds just measured and the best K the estimates promise must lose to plain decoding:
             # a few unlucky rounds alone do not stop speculation that should pay
             if tokens / spent < self.FALLBACK_MARGIN * plain_rate and rates[self.k - 1] < plain_rate:
-                self._plain_left = self._stretch
-                self._stretch *= 2
+                if self.min_k > DEFAULT_K["exact"]:
+                    # FLy gives up its window's room before speculation itself: drafts as long as exact
+                    # matching's, which lose less where forgiving does not pay
+                    self.min_k = DEFAULT_K["exact"]
+                    self.k = int(np.argmax(rates[self.min_k - 1 :])) + self.min_k
+                else:
+                    self._plain_left = self._stretch
+                    self._stretch *= 2
                 self._rounds.clear()
 
     def _rates(self) -> np.ndarray:

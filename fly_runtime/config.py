@@ -31,12 +31,16 @@ class GenerationConfig:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     timeout: float | None = None  # seconds a request may run; it then ends with finish_reason "timeout"
+    # (opening, closing) text markers of output spans that FLy verifies exactly, e.g. a tool call's JSON
+    exact_spans: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop or ()))
+        object.__setattr__(self, "exact_spans", tuple(
+            tuple(pair) if isinstance(pair, (list, tuple)) else pair for pair in self.exact_spans or ()))
         self.validate()
 
     @property
@@ -72,3 +76,8 @@ class GenerationConfig:
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise InvalidSettingsError(f"stop sequences must be non-empty strings, got {s!r}")
+        for pair in self.exact_spans:
+            if not (isinstance(pair, tuple) and len(pair) == 2 and all(isinstance(m, str) and m for m in pair)):
+                raise InvalidSettingsError(
+                    f"exact_spans must be (opening, closing) pairs of non-empty strings, got {pair!r}: "
+                    f"e.g. exact_spans=[('<tool_call>', '</tool_call>')]")

@@ -20,6 +20,7 @@ from fly_runtime.config import GenerationConfig
 from fly_runtime.drafters import Draft, Drafter
 from fly_runtime.errors import InvalidPromptError, InvalidSettingsError
 from fly_runtime.sampling import Sampler
+from fly_runtime.spans import ExactSpans
 from fly_runtime.text import StopTextStream
 from fly_runtime.verify import FlyRule, Verdict, verify_greedy, verify_sampling
 
@@ -177,6 +178,8 @@ class FlyEngine:
             sampler = Sampler(config.temperature, config.top_k, config.top_p, generator)
             rule = FlyRule(config.window, config.entropy_threshold, config.entropy_top_k) \
                 if config.mode == "fly" else None
+            spans = ExactSpans(self.tokenizer, config.exact_spans, prompt) \
+                if rule is not None and config.exact_spans else None
             stats = GenerationStats(prompt_tokens=len(prompt))
             policy = DraftPolicy(config, self._plain_step_seconds) if config.mode != "ar" else None
             text = StopTextStream(self.tokenizer, config.stop)
@@ -199,6 +202,8 @@ class FlyEngine:
                 while True:
                     new, ended = self._clip(new, config.max_new_tokens - len(committed))
                     committed.extend(new)
+                    if spans is not None:
+                        spans.commit(new)
                     piece = text.push(new)
                     if piece:
                         yield piece
@@ -216,7 +221,7 @@ class FlyEngine:
                     if policy is None or policy.next_is_plain() or remaining <= 1:
                         new = self._plain_step(committed[-1], sampler, stats, policy)
                     elif deferral is not None and not deferral.due(len(context), policy.plain_step_seconds, remaining):
-                        new = self._lookup_step(lookup, context, remaining, sampler, rule, stats, policy)
+                        new = self._lookup_step(lookup, context, remaining, sampler, rule, spans, stats, policy)
                     else:
                         drafter.catch_up(context)  # the prompt, or what a plain stretch decoded
                         if deferral is not None:
@@ -225,7 +230,7 @@ class FlyEngine:
                         # the round is timed from here: the policy prices drafting by a round's draft time,
                         # which reading is not part of
                         new = self._drafted_step(drafter, context, policy.shape(remaining - 1), sampler, rule,
-                                                 stats, policy)
+                                                 spans, stats, policy)
                     if deferral is not None:
                         deferral.record(len(new), time.perf_counter() - step_start, policy.plain_step_seconds)
                 tail = text.finish()
@@ -268,6 +273,7 @@ class FlyEngine:
         remaining: int,
         sampler: Sampler,
         rule: FlyRule | None,
+        spans: ExactSpans | None,
         stats: GenerationStats,
         policy: DraftPolicy,
     ) -> list[int]:
@@ -277,7 +283,7 @@ class FlyEngine:
             return self._plain_step(context[-1], sampler, stats, policy)
         assert lookup is not None
         stats.lookup_rounds += 1
-        return self._verify(lookup, draft, context, sampler, rule, stats)[0]
+        return self._verify(lookup, draft, context, sampler, rule, spans, stats)[0]
 
     def _drafted_step(
         self,
@@ -286,6 +292,7 @@ class FlyEngine:
         shape: DraftShape,
         sampler: Sampler,
         rule: FlyRule | None,
+        spans: ExactSpans | None,
         stats: GenerationStats,
         policy: DraftPolicy,
     ) -> list[int]:
@@ -293,7 +300,7 @@ class FlyEngine:
         start = time.perf_counter()
         draft = drafter.propose(context, shape, sampler)
         draft_seconds = time.perf_counter() - start
-        new, verdict = self._verify(drafter, draft, context, sampler, rule, stats)
+        new, verdict = self._verify(drafter, draft, context, sampler, rule, spans, stats)
         policy.record_round(len(draft.token_ids), verdict.accepted, len(new), draft_seconds,
                             time.perf_counter() - start - draft_seconds)
         return new
@@ -305,6 +312,7 @@ class FlyEngine:
         context: list[int],
         sampler: Sampler,
         rule: FlyRule | None,
+        spans: ExactSpans | None,
         stats: GenerationStats,
     ) -> tuple[list[int], Verdict]:
         """One target pass over the draft: the committed tokens and the verdict."""
@@ -313,12 +321,13 @@ class FlyEngine:
         logits = self.target.extend([context[-1], *draft_ids])[:, : self.vocab_size]
         stats.target_forwards += 1
         ids = torch.tensor(draft_ids, dtype=torch.long)
+        strict = spans.strict_positions(draft_ids) if spans is not None else None
         if sampler.greedy:
-            verdict = verify_greedy(logits, ids, rule)
+            verdict = verify_greedy(logits, ids, rule, strict)
         else:
             target_probs = sampler.probs(logits)
             draft_probs = draft.probs if draft.probs is not None else torch.zeros(0, self.vocab_size)
-            verdict = verify_sampling(target_probs, draft_probs, ids, sampler.generator, rule)
+            verdict = verify_sampling(target_probs, draft_probs, ids, sampler.generator, rule, strict)
         stats.drafter_forwards += draft.forwards
         stats.drafted_tokens += len(draft_ids)
         stats.native_accepted += verdict.native

@@ -12,7 +12,8 @@ draft token is kept) when
   2. the target natively accepts each of the next ``window`` drafts, which must all exist (i + W < K):
      a continuation the target agrees with shows the draft token was an acceptable alternative.
 Several mismatches may be forgiven in one round. ``window=0`` drops the second test and
-``entropy_threshold=0`` drops the first (ablations).
+``entropy_threshold=0`` drops the first (ablations). Positions marked ``strict`` (e.g. inside a tool call,
+whose arguments must be the target's own) are never forgiven.
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def _check_shapes(target: torch.Tensor, draft_ids: torch.Tensor) -> int:
     return k
 
 
-def verify_greedy(target_logits: torch.Tensor, draft_ids: torch.Tensor, rule: FlyRule | None = None) -> Verdict:
-    """Greedy verification: exact match when ``rule`` is None, FLy otherwise."""
+def verify_greedy(target_logits: torch.Tensor, draft_ids: torch.Tensor, rule: FlyRule | None = None,
+                  strict: Sequence[bool] | None = None) -> Verdict:
+    """Greedy verification: exact match when ``rule`` is None, FLy otherwise (never at ``strict`` positions)."""
     k = _check_shapes(target_logits, draft_ids)
     target_ids = target_logits.argmax(dim=-1)
     native = (target_ids[:k] == draft_ids).tolist()
@@ -80,7 +82,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_ids: torch.Tensor, rule: Fl
         window = 0
     else:
         entropy = topk_entropy(torch.log_softmax(target_logits[:k].float(), dim=-1), rule.entropy_top_k)
-        forgivable = (entropy >= rule.entropy_threshold).tolist()
+        forgivable = _unless_strict((entropy >= rule.entropy_threshold).tolist(), strict)
         window = rule.window
     accepted, forgiven = kept_prefix(native, forgivable, window)
     return Verdict(accepted, int(target_ids[accepted]), accepted - forgiven, forgiven, _run(native))
@@ -92,8 +94,10 @@ def verify_sampling(
     draft_ids: torch.Tensor,
     generator: torch.Generator,
     rule: FlyRule | None = None,
+    strict: Sequence[bool] | None = None,
 ) -> Verdict:
-    """Speculative sampling: lossless when ``rule`` is None, FLy's relaxation (as in vLLM) otherwise.
+    """Speculative sampling: lossless when ``rule`` is None, FLy's relaxation (as in vLLM) otherwise, except
+    at ``strict`` positions.
 
     Draft i is accepted natively with probability min(1, p_i(d_i) / q_i(d_i)). Under FLy a rejected draft
     is kept when the target is uncertain there, the next ``window`` drafts are accepted natively by the same
@@ -112,7 +116,7 @@ def verify_sampling(
         window = 0
     else:
         entropy = topk_entropy(torch.log(target_probs[:k].double().clamp_min(1e-300)), rule.entropy_top_k)
-        forgivable = ((entropy >= rule.entropy_threshold) & (p_draft > 0)).tolist()
+        forgivable = _unless_strict(((entropy >= rule.entropy_threshold) & (p_draft > 0)).tolist(), strict)
         window = rule.window
     accepted, forgiven = kept_prefix(native, forgivable, window)
     if accepted == k:
@@ -122,6 +126,15 @@ def verify_sampling(
         dist = residual if residual.sum() > 0 else target_probs[accepted]
     next_token = int(torch.multinomial(dist.double(), 1, generator=generator))
     return Verdict(accepted, next_token, accepted - forgiven, forgiven, _run(native))
+
+
+def _unless_strict(forgivable: list[bool], strict: Sequence[bool] | None) -> list[bool]:
+    """Positions marked strict (inside a span that must match the target exactly) are never forgiven."""
+    if strict is None:
+        return forgivable
+    if len(strict) != len(forgivable):
+        raise ValueError(f"strict marks {len(strict)} positions, the draft has {len(forgivable)}")
+    return [f and not s for f, s in zip(forgivable, strict)]
 
 
 def _run(native: Sequence[bool]) -> int:

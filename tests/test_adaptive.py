@@ -95,6 +95,19 @@ def test_policy_falls_back_to_plain_decoding_and_backs_off():
     assert plain == 2 * DraftPolicy.PLAIN_STRETCH
 
 
+def test_fly_gives_up_its_window_before_falling_back_to_plain_decoding():
+    policy = DraftPolicy(GenerationConfig(mode="fly"), plain_step_seconds=0.1)
+    assert policy.shape(100).extension == policy.window
+    for _ in range(DraftPolicy.ROUNDS_MEASURED):  # 1 token per 0.5 s round: slower than 10 plain tokens/s
+        policy.record_round(policy.k, 0, 1, 0.25, 0.25)
+    # first, drafts as long as exact matching's, which leave no room to forgive
+    assert not policy.next_is_plain() and policy.k == DEFAULT_K["exact"]
+    assert policy.shape(100).extension == 0
+    for _ in range(DraftPolicy.ROUNDS_MEASURED):
+        policy.record_round(policy.k, 0, 1, 0.25, 0.25)
+    assert policy.next_is_plain()
+
+
 def test_fixed_k_turns_adaptation_off():
     policy = DraftPolicy(GenerationConfig(mode="fly", k=10), plain_step_seconds=None)
     assert not policy.next_is_plain()

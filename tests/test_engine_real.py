@@ -250,3 +250,24 @@ def test_cli_rejects_bad_settings_before_loading_models():
     proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "generate", "--k", "0", "--mode", "exact", "x"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "k (drafts per round) must be >= 1" in proc.stderr
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather for a city.",
+    "parameters": {"type": "object", "required": ["city", "unit"], "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}
+
+
+def test_fly_verifies_a_tool_call_exactly_inside_exact_spans(engine):
+    messages = [{"role": "system", "content": "You are a precise assistant. Use the tools."},
+                {"role": "user", "content": "What's the weather like in Reykjavik today, in fahrenheit?"}]
+    ids = engine.tokenizer.apply_chat_template(messages, tools=[WEATHER_TOOL], add_generation_prompt=True)
+    # FLy loosened as far as it goes (any mismatch followed by one native match is forgiven), so that it
+    # rewrites this call if nothing stops it
+    loose = dict(mode="fly", window=1, entropy_threshold=0.0, max_new_tokens=96)
+    ar = engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=96))
+    assert ar.text.startswith("<tool_call>") and '"Reykjavik"' in ar.text
+    unguarded = engine.generate(ids, GenerationConfig(**loose))
+    assert unguarded.stats.fly_forgiven > 0 and unguarded.token_ids != ar.token_ids
+    guarded = engine.generate(ids, GenerationConfig(**loose, exact_spans=[("<tool_call>", "</tool_call>")]))
+    assert guarded.token_ids == ar.token_ids and guarded.stats.fly_forgiven == 0

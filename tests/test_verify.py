@@ -76,6 +76,17 @@ def test_fly_forgives_uncertain_mismatch_followed_by_native_window():
     assert (v.accepted, v.next_token, v.native, v.forgiven, v.native_run) == (8, 9, 7, 1, 1)
 
 
+def test_fly_never_forgives_a_strict_position():
+    d = drafts(with_mismatches([1]))
+    strict = [False, True] + [False] * 6  # e.g. the mismatch is inside a tool call's arguments
+    v = verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6), strict)
+    assert (v.accepted, v.next_token, v.forgiven) == (1, 2, 0)
+    loose = [True] + [False] * 7  # strictness elsewhere does not change the forgiven position
+    assert verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6), loose).forgiven == 1
+    with pytest.raises(ValueError, match="strict marks 3 positions"):
+        verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6), [False] * 3)
+
+
 def test_fly_rejects_confident_mismatch():
     v = verify_greedy(target(TARGET8), drafts(with_mismatches([1])), FlyRule(window=6))
     assert (v.accepted, v.next_token, v.forgiven) == (1, 2, 0)
