@@ -203,7 +203,7 @@ class DraftPolicy:
         if self._verify_seconds is None:
             return
         rates = self._rates()
-        self.k = int(np.argmax(rates[self.min_k - 1 :])) + self.min_k
+        self.k = self._best_k(rates)
 
         self._rounds.append((produced, draft_seconds + verify_seconds))
         if len(self._rounds) == self._rounds.maxlen and self.plain_step_seconds:
@@ -217,11 +217,15 @@ class DraftPolicy:
                     # FLy gives up its window's room before speculation itself: drafts as long as exact
                     # matching's, which lose less where forgiving does not pay
                     self.min_k = DEFAULT_K["exact"]
-                    self.k = int(np.argmax(rates[self.min_k - 1 :])) + self.min_k
+                    self.k = self._best_k(rates)
                 else:
                     self._plain_left = self._stretch
                     self._stretch *= 2
                 self._rounds.clear()
+
+    def _best_k(self, rates: np.ndarray) -> int:
+        """The draft length of highest expected rate, at least ``min_k``."""
+        return int(np.argmax(rates[self.min_k - 1 :])) + self.min_k
 
     def _rates(self) -> np.ndarray:
         """Expected tokens per second of a K-token round for K = 1..K_MAX."""

@@ -18,6 +18,10 @@ class SpanState:
     closing: str | None  # the marker that ends the span generation is in; None outside every span
     tail: str  # the last characters seen, where a marker split across tokens may have begun
 
+    @property
+    def inside(self) -> bool:
+        return self.closing is not None
+
 
 class ExactSpans:
     def __init__(self, tokenizer, spans: Sequence[tuple[str, str]], prompt_ids: Sequence[int]) -> None:
@@ -29,16 +33,16 @@ class ExactSpans:
 
     @property
     def inside(self) -> bool:
-        return self.state.closing is not None
+        return self.state.inside
 
     def strict_positions(self, draft_ids: Sequence[int]) -> list[bool]:
         """For each draft token: must it match the target exactly (inside a span, or opening one)?"""
         strict = []
         state = self.state
         for token in draft_ids:
-            before = state.closing is not None
+            before = state.inside
             state = self._advance(state, self._decode([token]))
-            strict.append(before or state.closing is not None)
+            strict.append(before or state.inside)
         return strict
 
     def commit(self, token_ids: Sequence[int]) -> None:
