@@ -11,8 +11,8 @@ from fly_runtime import FlyEngine, GenerationConfig, ModelSettings, get_engine
 from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 
 # per-call keyword arguments that override a field for one request
-OVERRIDABLE = ("mode", "k", "window", "entropy_threshold", "ngram", "adaptive", "temperature", "top_k", "top_p",
-               "seed", "max_tokens")
+OVERRIDABLE = ("mode", "k", "window", "entropy_threshold", "exact_numbers", "exact_code", "ngram", "adaptive",
+               "temperature", "top_k", "top_p", "seed", "max_tokens")
 
 
 class FlyParams(BaseModel):
@@ -24,6 +24,8 @@ class FlyParams(BaseModel):
     k: int | None = None
     window: int = 6
     entropy_threshold: float = 0.3
+    exact_numbers: bool = Field(default=True, description="fly never forgives a drafted token holding a digit")
+    exact_code: bool = Field(default=True, description="fly verifies fenced code blocks exactly")
     ngram: bool = True
     adaptive: bool = True
     temperature: float = 0.0
@@ -57,7 +59,8 @@ class FlyParams(BaseModel):
         values = {name: overrides.get(name, getattr(self, name)) for name in OVERRIDABLE}
         return GenerationConfig(
             mode=values["mode"], k=values["k"], window=values["window"],
-            entropy_threshold=values["entropy_threshold"], ngram=values["ngram"], adaptive=values["adaptive"],
+            entropy_threshold=values["entropy_threshold"], exact_numbers=values["exact_numbers"],
+            exact_code=values["exact_code"], ngram=values["ngram"], adaptive=values["adaptive"],
             temperature=values["temperature"], top_k=values["top_k"], top_p=values["top_p"],
             seed=values["seed"], max_new_tokens=values["max_tokens"], stop=tuple(stop or ()),
             timeout=self.timeout,

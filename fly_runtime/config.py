@@ -9,6 +9,7 @@ from fly_runtime.errors import InvalidSettingsError
 
 Mode = Literal["ar", "exact", "fly"]
 MODES: tuple[str, ...] = ("ar", "exact", "fly")
+CODE_FENCE = ("```", "```")  # opens and closes a Markdown code block
 
 # Draft length per mode when the user fixes none. FLy needs K > window so a forgivable mismatch can be
 # followed by a full window of checked drafts.
@@ -33,6 +34,11 @@ class GenerationConfig:
     timeout: float | None = None  # seconds a request may run; it then ends with finish_reason "timeout"
     # (opening, closing) text markers of output spans that FLy verifies exactly, e.g. a tool call's JSON
     exact_spans: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    # FLy never forgives a drafted token when it or the target's token holds a digit: a different number is a
+    # different answer, not a different wording
+    exact_numbers: bool = True
+    # FLy verifies fenced code blocks (```) exactly: one forgiven token there changes what the program does
+    exact_code: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -16,9 +16,10 @@ import torch
 
 from fly_runtime.adaptive import DeferredRead, DraftPolicy, DraftShape
 from fly_runtime.backends.base import CachedSequence
-from fly_runtime.config import GenerationConfig
+from fly_runtime.config import CODE_FENCE, GenerationConfig
 from fly_runtime.drafters import Draft, Drafter
 from fly_runtime.errors import InvalidPromptError, InvalidSettingsError
+from fly_runtime.numbers import digit_token_mask
 from fly_runtime.sampling import Sampler
 from fly_runtime.spans import ExactSpans
 from fly_runtime.text import StopTextStream
@@ -67,6 +68,15 @@ class GenerationResult:
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS or a stop string), "length" (max_new_tokens) or "timeout"
     stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """How one request's drafts are checked: FLy's rule (None: exact matching) and the guards on it."""
+
+    rule: FlyRule | None = None
+    spans: ExactSpans | None = None  # output spans verified exactly (tool calls)
+    protected: torch.Tensor | None = None  # tokens never forgiven (numbers), a bool mask over the vocabulary
 
 
 class GenerationStream:
@@ -128,6 +138,7 @@ class FlyEngine:
         self._lock = threading.Lock()
         self._plain_step_seconds: float | None = None  # measured cost of one plain target step
         self._read_share: float | None = None  # measured drafter prompt read / target prefill, per token
+        self._digit_tokens: torch.Tensor | None = None  # built on the first FLy request that protects numbers
 
     # ----------------------------------------------------------------------------------------------- API
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig) -> GenerationStream:
@@ -176,10 +187,7 @@ class FlyEngine:
             generator = torch.Generator().manual_seed(config.seed if config.seed is not None else
                                                        int(torch.randint(0, 2**62, ()).item()))
             sampler = Sampler(config.temperature, config.top_k, config.top_p, generator)
-            rule = FlyRule(config.window, config.entropy_threshold, config.entropy_top_k) \
-                if config.mode == "fly" else None
-            spans = ExactSpans(self.tokenizer, config.exact_spans, prompt) \
-                if rule is not None and config.exact_spans else None
+            checks = self._verification(config, prompt)
             stats = GenerationStats(prompt_tokens=len(prompt))
             policy = DraftPolicy(config, self._plain_step_seconds) if config.mode != "ar" else None
             text = StopTextStream(self.tokenizer, config.stop)
@@ -202,8 +210,8 @@ class FlyEngine:
                 while True:
                     new, ended = self._clip(new, config.max_new_tokens - len(committed))
                     committed.extend(new)
-                    if spans is not None:
-                        spans.commit(new)
+                    if checks.spans is not None:
+                        checks.spans.commit(new)
                     piece = text.push(new)
                     if piece:
                         yield piece
@@ -221,7 +229,7 @@ class FlyEngine:
                     if policy is None or policy.next_is_plain() or remaining <= 1:
                         new = self._plain_step(committed[-1], sampler, stats, policy)
                     elif deferral is not None and not deferral.due(len(context), policy.plain_step_seconds, remaining):
-                        new = self._lookup_step(lookup, context, remaining, sampler, rule, spans, stats, policy)
+                        new = self._lookup_step(lookup, context, remaining, sampler, checks, stats, policy)
                     else:
                         drafter.catch_up(context)  # the prompt, or what a plain stretch decoded
                         if deferral is not None:
@@ -229,8 +237,8 @@ class FlyEngine:
                             deferral = None
                         # the round is timed from here: the policy prices drafting by a round's draft time,
                         # which reading is not part of
-                        new = self._drafted_step(drafter, context, policy.shape(remaining - 1), sampler, rule,
-                                                 spans, stats, policy)
+                        new = self._drafted_step(drafter, context, policy.shape(remaining - 1), sampler, checks,
+                                                 stats, policy)
                     if deferral is not None:
                         deferral.record(len(new), time.perf_counter() - step_start, policy.plain_step_seconds)
                 tail = text.finish()
@@ -245,6 +253,18 @@ class FlyEngine:
                 stats.k = policy.mean_k
                 stats.plain_steps = policy.plain_steps
             stream.result = GenerationResult(text.released, list(text.token_ids), finish, stats)
+
+    def _verification(self, config: GenerationConfig, prompt: list[int]) -> Verification:
+        if config.mode != "fly":
+            return Verification()
+        markers = config.exact_spans + ((CODE_FENCE,) if config.exact_code else ())
+        spans = ExactSpans(self.tokenizer, markers, prompt) if markers else None
+        protected = None
+        if config.exact_numbers:
+            if self._digit_tokens is None:
+                self._digit_tokens = digit_token_mask(self.tokenizer, self.vocab_size)
+            protected = self._digit_tokens
+        return Verification(FlyRule(config.window, config.entropy_threshold, config.entropy_top_k), spans, protected)
 
     def _clip(self, new: list[int], budget: int) -> tuple[list[int], bool]:
         """Cut ``new`` at the first EOS (dropped) or at the token budget; say whether EOS ended generation."""
@@ -272,8 +292,7 @@ class FlyEngine:
         context: list[int],
         remaining: int,
         sampler: Sampler,
-        rule: FlyRule | None,
-        spans: ExactSpans | None,
+        checks: Verification,
         stats: GenerationStats,
         policy: DraftPolicy,
     ) -> list[int]:
@@ -283,7 +302,7 @@ class FlyEngine:
             return self._plain_step(context[-1], sampler, stats, policy)
         assert lookup is not None
         stats.lookup_rounds += 1
-        return self._verify(lookup, draft, context, sampler, rule, spans, stats)[0]
+        return self._verify(lookup, draft, context, sampler, checks, stats)[0]
 
     def _drafted_step(
         self,
@@ -291,8 +310,7 @@ class FlyEngine:
         context: list[int],
         shape: DraftShape,
         sampler: Sampler,
-        rule: FlyRule | None,
-        spans: ExactSpans | None,
+        checks: Verification,
         stats: GenerationStats,
         policy: DraftPolicy,
     ) -> list[int]:
@@ -300,7 +318,7 @@ class FlyEngine:
         start = time.perf_counter()
         draft = drafter.propose(context, shape, sampler)
         draft_seconds = time.perf_counter() - start
-        new, verdict = self._verify(drafter, draft, context, sampler, rule, spans, stats)
+        new, verdict = self._verify(drafter, draft, context, sampler, checks, stats)
         policy.record_round(len(draft.token_ids), verdict.accepted, len(new), draft_seconds,
                             time.perf_counter() - start - draft_seconds)
         return new
@@ -311,8 +329,7 @@ class FlyEngine:
         draft: Draft,
         context: list[int],
         sampler: Sampler,
-        rule: FlyRule | None,
-        spans: ExactSpans | None,
+        checks: Verification,
         stats: GenerationStats,
     ) -> tuple[list[int], Verdict]:
         """One target pass over the draft: the committed tokens and the verdict."""
@@ -321,13 +338,14 @@ class FlyEngine:
         logits = self.target.extend([context[-1], *draft_ids])[:, : self.vocab_size]
         stats.target_forwards += 1
         ids = torch.tensor(draft_ids, dtype=torch.long)
-        strict = spans.strict_positions(draft_ids) if spans is not None else None
+        strict = checks.spans.strict_positions(draft_ids) if checks.spans is not None else None
         if sampler.greedy:
-            verdict = verify_greedy(logits, ids, rule, strict)
+            verdict = verify_greedy(logits, ids, checks.rule, strict, checks.protected)
         else:
             target_probs = sampler.probs(logits)
             draft_probs = draft.probs if draft.probs is not None else torch.zeros(0, self.vocab_size)
-            verdict = verify_sampling(target_probs, draft_probs, ids, sampler.generator, rule, strict)
+            verdict = verify_sampling(target_probs, draft_probs, ids, sampler.generator, checks.rule, strict,
+                                      checks.protected)
         stats.drafter_forwards += draft.forwards
         stats.drafted_tokens += len(draft_ids)
         stats.native_accepted += verdict.native

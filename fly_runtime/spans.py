@@ -28,8 +28,10 @@ class ExactSpans:
         self.tokenizer = tokenizer
         self.spans = tuple(spans)
         self._longest = max(len(marker) for pair in self.spans for marker in pair)
-        # the prompt decides where generation starts: a forced tool call ends its prompt with an opening marker
-        self.state = self._advance(SpanState(None, ""), self._decode(prompt_ids))
+        # generation may start inside a span the reply already opened (a forced tool call's prompt ends with an
+        # opening marker), but not inside one a user's message left open (an inline ``` in a question): only the
+        # prompt's text after its last special token, the chat template's turn marker, counts
+        self.state = self._advance(SpanState(None, ""), self._decode(_after_last_special(tokenizer, prompt_ids)))
 
     @property
     def inside(self) -> bool:
@@ -71,3 +73,10 @@ class ExactSpans:
                 closing = None
         # keep what could still be the start of a marker, but nothing a marker already consumed
         return SpanState(closing, buffer[max(position, len(buffer) - self._longest + 1):])
+
+
+def _after_last_special(tokenizer, ids: Sequence[int]) -> list[int]:
+    special = set(tokenizer.all_special_ids)
+    special |= {i for i, token in getattr(tokenizer, "added_tokens_decoder", {}).items() if token.special}
+    last = max((n for n, i in enumerate(ids) if i in special), default=-1)
+    return list(ids[last + 1:])

@@ -12,8 +12,10 @@ draft token is kept) when
   2. the target natively accepts each of the next ``window`` drafts, which must all exist (i + W < K):
      a continuation the target agrees with shows the draft token was an acceptable alternative.
 Several mismatches may be forgiven in one round. ``window=0`` drops the second test and
-``entropy_threshold=0`` drops the first (ablations). Positions marked ``strict`` (e.g. inside a tool call,
-whose arguments must be the target's own) are never forgiven.
+``entropy_threshold=0`` drops the first (ablations). Two guards keep FLy to differences of wording: positions
+marked ``strict`` (e.g. inside a tool call, whose arguments must be the target's own) are never forgiven, nor
+is a mismatch where the drafted token or the target's pick is ``protected`` (e.g. holds a digit: another
+number is another answer, and the target happily continues from a wrong one).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ class Verdict:
     next_token: int  # the target's token after the kept drafts (a correction, or the bonus if all were kept)
     native: int  # kept drafts that matched the target natively
     forgiven: int  # kept drafts that did not match but were forgiven by FLy
-    native_run: int  # drafts before the first native mismatch: what exact matching alone would have kept
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,9 @@ def _check_shapes(target: torch.Tensor, draft_ids: torch.Tensor) -> int:
 
 
 def verify_greedy(target_logits: torch.Tensor, draft_ids: torch.Tensor, rule: FlyRule | None = None,
-                  strict: Sequence[bool] | None = None) -> Verdict:
-    """Greedy verification: exact match when ``rule`` is None, FLy otherwise (never at ``strict`` positions)."""
+                  strict: Sequence[bool] | None = None, protected: torch.Tensor | None = None) -> Verdict:
+    """Greedy verification: exact match when ``rule`` is None, FLy otherwise (never at ``strict`` positions,
+    nor where the draft or the target's token is ``protected``: a bool mask over the vocabulary)."""
     k = _check_shapes(target_logits, draft_ids)
     target_ids = target_logits.argmax(dim=-1)
     native = (target_ids[:k] == draft_ids).tolist()
@@ -82,10 +84,10 @@ def verify_greedy(target_logits: torch.Tensor, draft_ids: torch.Tensor, rule: Fl
         window = 0
     else:
         entropy = topk_entropy(torch.log_softmax(target_logits[:k].float(), dim=-1), rule.entropy_top_k)
-        forgivable = _unless_strict((entropy >= rule.entropy_threshold).tolist(), strict)
+        forgivable = _guarded(entropy >= rule.entropy_threshold, draft_ids, target_ids[:k], strict, protected)
         window = rule.window
     accepted, forgiven = kept_prefix(native, forgivable, window)
-    return Verdict(accepted, int(target_ids[accepted]), accepted - forgiven, forgiven, _run(native))
+    return Verdict(accepted, int(target_ids[accepted]), accepted - forgiven, forgiven)
 
 
 def verify_sampling(
@@ -95,9 +97,10 @@ def verify_sampling(
     generator: torch.Generator,
     rule: FlyRule | None = None,
     strict: Sequence[bool] | None = None,
+    protected: torch.Tensor | None = None,
 ) -> Verdict:
     """Speculative sampling: lossless when ``rule`` is None, FLy's relaxation (as in vLLM) otherwise, except
-    at ``strict`` positions.
+    at ``strict`` positions and where the draft or the target's most likely token is ``protected``.
 
     Draft i is accepted natively with probability min(1, p_i(d_i) / q_i(d_i)). Under FLy a rejected draft
     is kept when the target is uncertain there, the next ``window`` drafts are accepted natively by the same
@@ -116,7 +119,8 @@ def verify_sampling(
         window = 0
     else:
         entropy = topk_entropy(torch.log(target_probs[:k].double().clamp_min(1e-300)), rule.entropy_top_k)
-        forgivable = _unless_strict(((entropy >= rule.entropy_threshold) & (p_draft > 0)).tolist(), strict)
+        uncertain = (entropy >= rule.entropy_threshold) & (p_draft > 0)
+        forgivable = _guarded(uncertain, draft_ids, target_probs[:k].argmax(dim=-1), strict, protected)
         window = rule.window
     accepted, forgiven = kept_prefix(native, forgivable, window)
     if accepted == k:
@@ -125,17 +129,18 @@ def verify_sampling(
         residual = (target_probs[accepted] - draft_probs[accepted]).clamp_min(0)
         dist = residual if residual.sum() > 0 else target_probs[accepted]
     next_token = int(torch.multinomial(dist.double(), 1, generator=generator))
-    return Verdict(accepted, next_token, accepted - forgiven, forgiven, _run(native))
+    return Verdict(accepted, next_token, accepted - forgiven, forgiven)
 
 
-def _unless_strict(forgivable: list[bool], strict: Sequence[bool] | None) -> list[bool]:
-    """Positions marked strict (inside a span that must match the target exactly) are never forgiven."""
+def _guarded(uncertain: torch.Tensor, draft_ids: torch.Tensor, target_ids: torch.Tensor,
+             strict: Sequence[bool] | None, protected: torch.Tensor | None) -> list[bool]:
+    """Which mismatches the guards leave forgivable: none at a strict position (inside a span that must match
+    the target exactly), none where either the drafted token or the target's token is protected."""
+    forgivable = uncertain
+    if protected is not None:
+        forgivable = forgivable & ~(protected[draft_ids] | protected[target_ids])
     if strict is None:
-        return forgivable
-    if len(strict) != len(forgivable):
-        raise ValueError(f"strict marks {len(strict)} positions, the draft has {len(forgivable)}")
-    return [f and not s for f, s in zip(forgivable, strict)]
-
-
-def _run(native: Sequence[bool]) -> int:
-    return native.index(False) if False in native else len(native)
+        return forgivable.tolist()
+    if len(strict) != len(draft_ids):
+        raise ValueError(f"strict marks {len(strict)} positions, the draft has {len(draft_ids)}")
+    return [f and not s for f, s in zip(forgivable.tolist(), strict)]

@@ -271,3 +271,28 @@ def test_fly_verifies_a_tool_call_exactly_inside_exact_spans(engine):
     assert unguarded.stats.fly_forgiven > 0 and unguarded.token_ids != ar.token_ids
     guarded = engine.generate(ids, GenerationConfig(**loose, exact_spans=[("<tool_call>", "</tool_call>")]))
     assert guarded.token_ids == ar.token_ids and guarded.stats.fly_forgiven == 0
+
+
+def test_fly_never_forgives_a_drafted_number(engine, chat_ids):
+    ids = chat_ids("Compute each product and write only the results, comma separated: "
+                   "17*23, 45*67, 89*12, 34*56, 78*91, 23*45, 67*89, 56*78.")
+    # FLy loosened as far as it goes, so that the drafter's arithmetic slips through unless numbers are guarded
+    loose = dict(mode="fly", window=1, entropy_threshold=0.0, max_new_tokens=64)
+    ar = engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=64))
+    unguarded = engine.generate(ids, GenerationConfig(**loose, exact_numbers=False))
+    assert unguarded.stats.fly_forgiven > 0 and unguarded.text != ar.text
+    guarded = engine.generate(ids, GenerationConfig(**loose))
+    assert guarded.text == ar.text
+
+
+def test_fly_verifies_a_code_block_exactly(engine, chat_ids):
+    ids = chat_ids("Reply with only a Python code block, no explanation: a function that merges two sorted lists.")
+    loose = dict(mode="fly", window=1, entropy_threshold=0.0, max_new_tokens=96)
+    ar = engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=96))
+    assert ar.text.startswith("```python")
+    unguarded = engine.generate(ids, GenerationConfig(**loose, exact_code=False))
+    assert unguarded.stats.fly_forgiven > 0 and unguarded.text != ar.text
+    # everything from the opening fence to the closing one is the target's own; prose after it may be loosened
+    guarded = engine.generate(ids, GenerationConfig(**loose))
+    block = ar.text[: ar.text.index("```", 3) + 3] if "```" in ar.text[3:] else ar.text
+    assert guarded.text.startswith(block)

@@ -36,6 +36,12 @@ def test_exact_answer_equals_ar_answer():
     assert exact.response_metadata["mean_accepted"] > 1.5 > ar.response_metadata["mean_accepted"]
 
 
+def test_number_guard_is_on_by_default_and_can_be_lifted_per_model_or_call():
+    request = FlyChatModel().reply_request([{"role": "user", "content": "2+2?"}], None, {"exact_numbers": False})
+    assert FlyChatModel().generation_config().exact_numbers and not request.config(()).exact_numbers
+    assert FlyChatModel(exact_numbers=False)._identifying_params["exact_numbers"] is False
+
+
 def test_instances_share_one_loaded_engine():
     a, b = FlyChatModel(mode="ar"), FlyChatModel(mode="fly", k=10)
     assert a.engine() is b.engine()

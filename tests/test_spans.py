@@ -3,6 +3,7 @@
 import pytest
 
 from fly_runtime import GenerationConfig, InvalidSettingsError, ModelSettings
+from fly_runtime.config import CODE_FENCE
 from fly_runtime.loader import load_tokenizer
 from fly_runtime.sources.resolve import resolve_model
 from fly_runtime.spans import ExactSpans
@@ -42,6 +43,16 @@ def test_tokens_inside_a_call_or_opening_one_are_strict(tokenizer):
     assert not spans.inside
 
 
+def test_a_code_block_is_strict_from_its_opening_fence_to_its_closing_one(tokenizer):
+    # one marker both opens and closes (```), as Markdown code blocks do; prose on either side stays loose
+    spans = ExactSpans(tokenizer, [CODE_FENCE], ids(tokenizer, "Reverse a string in Python."))
+    draft = ids(tokenizer, "Here it is:\n```python\ndef rev(s):\n    return s[::-1]\n```\nIt slices backwards.")
+    prefixes = [tokenizer.decode(draft[:n]) for n in range(len(draft) + 1)]
+    inside = [prefix.count("```") % 2 == 1 for prefix in prefixes]
+    assert spans.strict_positions(draft) == [inside[i] or inside[i + 1] for i in range(len(draft))]
+    assert sum(inside) >= 10 and not inside[-1]
+
+
 def test_a_marker_split_across_tokens_and_commits_is_found(tokenizer):
     spans = ExactSpans(tokenizer, [("[[args", "args]]")], ids(tokenizer, "Hello"))
     text = "see [[args 12, 13 args]] then"
@@ -58,6 +69,16 @@ def test_a_prompt_ending_inside_a_call_starts_strict(tokenizer):
     prompt = ids(tokenizer, "Reply with <tool_call>{...}</tool_call> blocks.\nassistant\n<tool_call>\n")
     spans = ExactSpans(tokenizer, [TOOL_CALL], prompt)
     assert spans.inside and spans.strict_positions(ids(tokenizer, '{"name"')) == [True] * 3
+
+
+def test_only_the_reply_part_of_a_chat_prompt_can_open_a_span(tokenizer):
+    # the question quotes an unclosed fence; the reply starts outside every span
+    question = [{"role": "user", "content": "Reply in one ```python block.\n\n```python\ndef f(x):\n```"}]
+    prompt = tokenizer.apply_chat_template(question, add_generation_prompt=True)
+    assert tokenizer.decode(prompt).count("```") % 2 == 1
+    assert not ExactSpans(tokenizer, [CODE_FENCE], prompt).inside
+    # a reply the prompt has already begun with a fence (or a forced call with its marker) starts inside
+    assert ExactSpans(tokenizer, [CODE_FENCE], prompt + ids(tokenizer, "```python\n")).inside
 
 
 def test_exact_spans_must_be_marker_pairs():

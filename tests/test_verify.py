@@ -73,7 +73,7 @@ def test_exact_rejects_at_position_zero():
 def test_fly_forgives_uncertain_mismatch_followed_by_native_window():
     d = drafts(with_mismatches([1]))
     v = verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6))
-    assert (v.accepted, v.next_token, v.native, v.forgiven, v.native_run) == (8, 9, 7, 1, 1)
+    assert (v.accepted, v.next_token, v.native, v.forgiven) == (8, 9, 7, 1)
 
 
 def test_fly_never_forgives_a_strict_position():
@@ -85,6 +85,19 @@ def test_fly_never_forgives_a_strict_position():
     assert verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6), loose).forgiven == 1
     with pytest.raises(ValueError, match="strict marks 3 positions"):
         verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6), [False] * 3)
+
+
+@pytest.mark.parametrize("side", ["draft", "target"])
+def test_fly_never_forgives_a_protected_token_on_either_side(side):
+    """A number drafted for a word, or a word drafted for a number: both are other answers, not other wordings."""
+    d = drafts(with_mismatches([1]))
+    protected = torch.zeros(V, dtype=torch.bool)
+    protected[int(d[1]) if side == "draft" else TARGET8[1]] = True
+    v = verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6), protected=protected)
+    assert (v.accepted, v.next_token, v.forgiven) == (1, 2, 0)
+    elsewhere = torch.zeros(V, dtype=torch.bool)
+    elsewhere[TARGET8[3]] = True  # a protected token that matches natively is kept like any other
+    assert verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6), protected=elsewhere).forgiven == 1
 
 
 def test_fly_rejects_confident_mismatch():
@@ -107,7 +120,6 @@ def test_fly_forgives_several_mismatches_in_one_round():
     d = drafts(with_mismatches([2, 7], tokens))
     v = verify_greedy(target(tokens, uncertain_at={2, 7}), d, FlyRule(window=3))
     assert (v.accepted, v.forgiven, v.native, v.next_token) == (12, 2, 10, 13)
-    assert v.native_run == 2  # exact matching alone would have stopped at the first mismatch
 
 
 def test_fly_second_mismatch_inside_window_breaks_the_first():
@@ -185,6 +197,11 @@ def test_sampling_fly_forgives_only_tokens_the_target_allows():
     q_zero = torch.stack([torch.eye(V)[9], sure, sure])  # token 9 has p = 0: never forgiven
     v = verify_sampling(p, q_zero, drafts([9, 5, 5]), torch.Generator().manual_seed(0), rule)
     assert v.accepted == 0 and v.next_token in (0, 1, 2)
+    digits = torch.zeros(V, dtype=torch.bool)
+    digits[2] = True  # the drafted token is a number: rejected draws stay rejected
+    guarded = [verify_sampling(p, q, d, torch.Generator().manual_seed(s), rule, protected=digits) for s in range(40)]
+    assert all(v.forgiven == 0 for v in guarded)
+    assert any(v.accepted == 0 for v in guarded)
 
 
 def test_sampling_is_reproducible_with_a_seed():
