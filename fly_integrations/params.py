@@ -57,14 +57,9 @@ class FlyParams(BaseModel):
 
     def generation_config(self, stop: list[str] | tuple[str, ...] | None = None, **overrides: Any) -> GenerationConfig:
         values = {name: overrides.get(name, getattr(self, name)) for name in OVERRIDABLE}
-        return GenerationConfig(
-            mode=values["mode"], k=values["k"], window=values["window"],
-            entropy_threshold=values["entropy_threshold"], exact_numbers=values["exact_numbers"],
-            exact_code=values["exact_code"], ngram=values["ngram"], adaptive=values["adaptive"],
-            temperature=values["temperature"], top_k=values["top_k"], top_p=values["top_p"],
-            seed=values["seed"], max_new_tokens=values["max_tokens"], stop=tuple(stop or ()),
-            timeout=self.timeout,
-        )
+        # every overridable field is a GenerationConfig field of the same name, but for the frameworks' max_tokens
+        values["max_new_tokens"] = values.pop("max_tokens")
+        return GenerationConfig(**values, stop=tuple(stop or ()), timeout=self.timeout)
 
     def reply_request(
         self,

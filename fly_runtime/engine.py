@@ -75,7 +75,7 @@ class Verification:
     """How one request's drafts are checked: FLy's rule (None: exact matching) and the guards on it."""
 
     rule: FlyRule | None = None
-    spans: ExactSpans | None = None  # output spans verified exactly (tool calls)
+    spans: ExactSpans | None = None  # output spans verified exactly (code blocks, tool calls)
     protected: torch.Tensor | None = None  # tokens never forgiven (numbers), a bool mask over the vocabulary
 
 
