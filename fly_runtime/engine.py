@@ -320,7 +320,7 @@ class FlyEngine:
         draft_seconds = time.perf_counter() - start
         new, verdict = self._verify(drafter, draft, context, sampler, checks, stats)
         policy.record_round(len(draft.token_ids), verdict.accepted, len(new), draft_seconds,
-                            time.perf_counter() - start - draft_seconds)
+                            time.perf_counter() - start - draft_seconds, verdict.matched)
         return new
 
     def _verify(

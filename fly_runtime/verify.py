@@ -32,6 +32,7 @@ class Verdict:
     next_token: int  # the target's token after the kept drafts (a correction, or the bonus if all were kept)
     native: int  # kept drafts that matched the target natively
     forgiven: int  # kept drafts that did not match but were forgiven by FLy
+    matched: int  # drafts before the first mismatch: what exact matching would have kept
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,11 @@ def kept_prefix(native: Sequence[bool], forgivable: Sequence[bool], window: int)
     return size, forgiven
 
 
+def _leading(native: Sequence[bool]) -> int:
+    """How many drafts match before the first mismatch."""
+    return next((i for i, ok in enumerate(native) if not ok), len(native))
+
+
 def _check_shapes(target: torch.Tensor, draft_ids: torch.Tensor) -> int:
     k = draft_ids.shape[0]
     if target.dim() != 2 or target.shape[0] != k + 1:
@@ -87,7 +93,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_ids: torch.Tensor, rule: Fl
         forgivable = _guarded(entropy >= rule.entropy_threshold, draft_ids, target_ids[:k], strict, protected)
         window = rule.window
     accepted, forgiven = kept_prefix(native, forgivable, window)
-    return Verdict(accepted, int(target_ids[accepted]), accepted - forgiven, forgiven)
+    return Verdict(accepted, int(target_ids[accepted]), accepted - forgiven, forgiven, _leading(native))
 
 
 def verify_sampling(
@@ -129,7 +135,7 @@ def verify_sampling(
         residual = (target_probs[accepted] - draft_probs[accepted]).clamp_min(0)
         dist = residual if residual.sum() > 0 else target_probs[accepted]
     next_token = int(torch.multinomial(dist.double(), 1, generator=generator))
-    return Verdict(accepted, next_token, accepted - forgiven, forgiven)
+    return Verdict(accepted, next_token, accepted - forgiven, forgiven, _leading(native))
 
 
 def _guarded(uncertain: torch.Tensor, draft_ids: torch.Tensor, target_ids: torch.Tensor,

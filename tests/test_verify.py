@@ -57,12 +57,12 @@ def test_row_helper_entropies_straddle_the_default_threshold():
 
 def test_exact_accepts_all_and_adds_bonus():
     v = verify_greedy(target(TARGET8), drafts(TARGET8[:-1]))
-    assert (v.accepted, v.next_token, v.native, v.forgiven) == (8, 9, 8, 0)
+    assert (v.accepted, v.next_token, v.native, v.forgiven, v.matched) == (8, 9, 8, 0, 8)
 
 
 def test_exact_stops_at_first_mismatch_with_target_token():
     v = verify_greedy(target(TARGET8, uncertain_at={3}), drafts(with_mismatches([3])))
-    assert (v.accepted, v.next_token, v.forgiven) == (3, 4, 0)
+    assert (v.accepted, v.next_token, v.forgiven, v.matched) == (3, 4, 0, 3)
 
 
 def test_exact_rejects_at_position_zero():
@@ -74,6 +74,7 @@ def test_fly_forgives_uncertain_mismatch_followed_by_native_window():
     d = drafts(with_mismatches([1]))
     v = verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6))
     assert (v.accepted, v.next_token, v.native, v.forgiven) == (8, 9, 7, 1)
+    assert v.matched == 1  # exact matching would have kept the draft before the forgiven mismatch only
 
 
 def test_fly_never_forgives_a_strict_position():
@@ -119,7 +120,7 @@ def test_fly_forgives_several_mismatches_in_one_round():
     tokens = list(range(1, 14))  # K = 12
     d = drafts(with_mismatches([2, 7], tokens))
     v = verify_greedy(target(tokens, uncertain_at={2, 7}), d, FlyRule(window=3))
-    assert (v.accepted, v.forgiven, v.native, v.next_token) == (12, 2, 10, 13)
+    assert (v.accepted, v.forgiven, v.native, v.next_token, v.matched) == (12, 2, 10, 13, 2)
 
 
 def test_fly_second_mismatch_inside_window_breaks_the_first():
