@@ -104,10 +104,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for spec in modes:  # every mode's settings are checked before anything loads
         if spec.mode != HF_ASSISTED:
             GenerationConfig(**{**base.__dict__, "mode": spec.mode, "k": spec.k})
+    if args.skip < 0:
+        raise FlyError(f"--skip must be >= 0, got {args.skip}")
     tasks = load_tasks(args.suite, Path(args.data) if args.data else default_data_dir(), args.limit,
-                       args.per_category)
+                       args.per_category, args.skip)
     if not tasks:
-        raise FlyError("no prompts selected: check --limit / --per-category")
+        raise FlyError("no prompts selected: check --limit / --per-category / --skip")
     settings = _model_settings(args)
     engine = get_engine(settings)
     hf = None
@@ -183,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(max_new_tokens=128)
     bench.add_argument("--suite", choices=["spec-bench", "gsm8k", "humaneval"], default="spec-bench")
     bench.add_argument("--limit", type=int, default=None, help="first N prompts")
+    bench.add_argument("--skip", type=int, default=0,
+                       help="leave out the first N prompts (with --limit: one shard of a long run)")
     bench.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
     bench.add_argument("--modes", default="ar,exact,fly",
                        help="comma-separated: ar, exact, fly, hf-assisted; ':kN' fixes K (e.g. fly:k10)")

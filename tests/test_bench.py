@@ -22,6 +22,12 @@ def test_spec_bench_first_turns_per_category(data_dir):
     assert all(len(t.messages) == 1 and t.messages[0]["role"] == "user" for t in tasks)
 
 
+def test_skip_and_limit_select_one_shard(data_dir):
+    everything = load_tasks("gsm8k", data_dir)
+    shard = load_tasks("gsm8k", data_dir, limit=3, skip=40)
+    assert [t.task_id for t in shard] == [t.task_id for t in everything[40:43]]
+
+
 def test_gsm8k_scoring_uses_the_last_number(data_dir):
     task = load_tasks("gsm8k", data_dir, limit=1)[0]
     assert task.reference["answer"] == "18"
@@ -46,6 +52,13 @@ def test_mode_specs():
     assert ModeSpec.parse("fly:k10") == ModeSpec("fly:k10", "fly", 10)
     with pytest.raises(ValueError, match="unknown mode"):
         ModeSpec.parse("fast")
+
+
+@pytest.mark.parametrize("skip, message", [("-1", "--skip must be >= 0"), ("100000", "no prompts selected")])
+def test_bench_rejects_a_bad_shard_before_loading_models(tmp_path, skip, message):
+    proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "bench", "--suite", "gsm8k", "--skip", skip,
+                           "--out", str(tmp_path / "bench")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr
 
 
 @pytest.mark.real_model

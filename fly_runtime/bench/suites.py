@@ -37,7 +37,10 @@ def default_data_dir() -> Path:
     )
 
 
-def load_tasks(suite: str, data_dir: Path, limit: int | None = None, per_category: int | None = None) -> list[Task]:
+def load_tasks(suite: str, data_dir: Path, limit: int | None = None, per_category: int | None = None,
+               skip: int = 0) -> list[Task]:
+    """The suite's prompts: the first ``per_category`` of each category (if given), then ``limit`` of them
+    after the first ``skip`` (a long accuracy run split into shards: ``skip=40, limit=40`` is prompts 41-80)."""
     loaders: dict[str, Callable[[Path], list[Task]]] = {
         "spec-bench": _spec_bench, "gsm8k": _gsm8k, "humaneval": _humaneval,
     }
@@ -52,6 +55,7 @@ def load_tasks(suite: str, data_dir: Path, limit: int | None = None, per_categor
                 seen[task.category] = seen.get(task.category, 0) + 1
                 kept.append(task)
         tasks = kept
+    tasks = tasks[skip:]
     return tasks[:limit] if limit is not None else tasks
 
 
