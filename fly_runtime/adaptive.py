@@ -3,10 +3,10 @@
 Speculation only pays when a round's tokens cost less than as many plain steps, so the policy chooses from
 what it measures in the request:
 - the draft length K maximises expected tokens per second, but never drops below the mode's fixed default
-  (5 exact, 8 FLy; see ``DraftPolicy.__init__``). A K-token draft yields 1 + sum over i <= K of P(the first
-  i drafts survive) tokens, from per-position survival estimates (see ``Survival``; FLy-forgiven drafts
-  count as survivors), and costs a + b*K seconds, fitted to the measured rounds (see ``RoundCost``).
-  Verifying K drafts is one target pass over K+1 tokens, which on a memory-bound target costs little more
+  (5 exact; 8 FLy while its room pays, see below and ``DraftPolicy.__init__``). A K-token draft yields
+  1 + sum over i <= K of P(the first i drafts survive) tokens, from per-position survival estimates (see
+  ``Survival``; FLy-forgiven drafts count as survivors), and costs a + b*K seconds, fitted to the measured
+  rounds (see ``RoundCost``). Verifying K drafts is one target pass over K+1 tokens, which on a memory-bound target costs little more
   than a plain step, so long drafts cost only b each;
 - where the drafter stops: below the top-1 probability where one more draft token stops paying (draft time
   / verification time, at most 0.05) its token is likely wrong. In exact mode the draft ends there. In FLy
