@@ -61,7 +61,8 @@ class FlyChatModel(FlyParams, BaseChatModel):
         return {
             "target": self.target, "draft": self.draft, "backend": self.backend, "mode": self.mode, "k": self.k,
             "window": self.window, "entropy_threshold": self.entropy_threshold, "exact_numbers": self.exact_numbers,
-            "exact_code": self.exact_code, "ngram": self.ngram, "adaptive": self.adaptive,
+            "exact_code": self.exact_code, "exact_opening": self.exact_opening, "ngram": self.ngram,
+            "adaptive": self.adaptive,
             "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
             "max_tokens": self.max_tokens, "seed": self.seed,
         }

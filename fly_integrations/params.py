@@ -11,8 +11,8 @@ from fly_runtime import FlyEngine, GenerationConfig, ModelSettings, get_engine
 from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 
 # per-call keyword arguments that override a field for one request
-OVERRIDABLE = ("mode", "k", "window", "entropy_threshold", "exact_numbers", "exact_code", "ngram", "adaptive",
-               "temperature", "top_k", "top_p", "seed", "max_tokens")
+OVERRIDABLE = ("mode", "k", "window", "entropy_threshold", "exact_numbers", "exact_code", "exact_opening", "ngram",
+               "adaptive", "temperature", "top_k", "top_p", "seed", "max_tokens")
 
 
 class FlyParams(BaseModel):
@@ -26,6 +26,7 @@ class FlyParams(BaseModel):
     entropy_threshold: float = 0.3
     exact_numbers: bool = Field(default=True, description="fly never forgives a drafted token holding a digit")
     exact_code: bool = Field(default=True, description="fly verifies fenced code blocks exactly")
+    exact_opening: int = Field(default=16, description="fly verifies the reply's first N tokens exactly (0: off)")
     ngram: bool = True
     adaptive: bool = True
     temperature: float = 0.0

@@ -29,6 +29,8 @@ def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
                         help="FLy never forgives a drafted token where it or the target's token holds a digit")
     parser.add_argument("--exact-code", action=argparse.BooleanOptionalAction, default=True,
                         help="FLy verifies fenced code blocks (```) exactly")
+    parser.add_argument("--exact-opening", type=int, default=16,
+                        help="FLy verifies the reply's first N tokens exactly (0: off)")
     parser.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=True,
                         help="check prompt-lookup n-grams with the drafter before it drafts alone")
     parser.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True,
@@ -44,7 +46,8 @@ def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace, **extra) -> GenerationConfig:
     return GenerationConfig(
         mode=getattr(args, "mode", "fly"), k=args.k, window=args.window, entropy_threshold=args.entropy_threshold,
-        exact_numbers=args.exact_numbers, exact_code=args.exact_code, ngram=args.ngram, adaptive=args.adaptive,
+        exact_numbers=args.exact_numbers, exact_code=args.exact_code, exact_opening=args.exact_opening,
+        ngram=args.ngram, adaptive=args.adaptive,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, **extra,
     )
@@ -119,7 +122,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         hf = HfAssisted(resolve_model(settings.target).hf_dir, resolve_model(settings.draft).hf_dir)
     described = {"target": settings.target, "draft": settings.draft, "backend": engine.target.backend.name,
                  "k": args.k, "window": args.window, "entropy_threshold": args.entropy_threshold,
-                 "exact_numbers": args.exact_numbers, "exact_code": args.exact_code, "ngram": args.ngram,
+                 "exact_numbers": args.exact_numbers, "exact_code": args.exact_code,
+                 "exact_opening": args.exact_opening, "ngram": args.ngram,
                  "adaptive": args.adaptive, "temperature": args.temperature}
     run_benchmark(engine, tasks, modes, base, args.suite, Path(args.out), hf, described)
     print((Path(args.out) / "summary.md").read_text())

@@ -39,6 +39,8 @@ class GenerationConfig:
     exact_numbers: bool = True
     # FLy verifies fenced code blocks (```) exactly: one forgiven token there changes what the program does
     exact_code: bool = True
+    # FLy verifies the reply's first N tokens exactly: its opening sets the answer's course, not just its wording
+    exact_opening: int = 16
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -65,6 +67,8 @@ class GenerationConfig:
                 f"window ({self.window}) must be smaller than k ({self.draft_length}): a forgiven mismatch needs "
                 f"{self.window} checked drafts after it. Raise k to at least {self.window + 1} or lower the window."
             )
+        if self.exact_opening < 0:
+            raise InvalidSettingsError(f"exact_opening must be >= 0 tokens (0 = off), got {self.exact_opening}")
         if not self.entropy_threshold >= 0:
             raise InvalidSettingsError(f"entropy_threshold must be >= 0, got {self.entropy_threshold}")
         if self.entropy_top_k < 1:

@@ -77,6 +77,15 @@ class Verification:
     rule: FlyRule | None = None
     spans: ExactSpans | None = None  # output spans verified exactly (code blocks, tool calls)
     protected: torch.Tensor | None = None  # tokens never forgiven (numbers), a bool mask over the vocabulary
+    opening_end: int = 0  # drafts at sequence positions before this one (the reply's opening) match exactly
+
+    def strict_positions(self, position: int, draft_ids: Sequence[int]) -> list[bool] | None:
+        """Which drafts must match the target exactly, the first of them at sequence ``position``: those in
+        the reply's opening or inside an exact span. None where no draft must."""
+        opening = [position + i < self.opening_end for i in range(len(draft_ids))]
+        if self.spans is not None:
+            return [o or s for o, s in zip(opening, self.spans.strict_positions(draft_ids))]
+        return opening if any(opening) else None
 
 
 class GenerationStream:
@@ -264,7 +273,8 @@ class FlyEngine:
             if self._digit_tokens is None:
                 self._digit_tokens = digit_token_mask(self.tokenizer, self.vocab_size)
             protected = self._digit_tokens
-        return Verification(FlyRule(config.window, config.entropy_threshold, config.entropy_top_k), spans, protected)
+        return Verification(FlyRule(config.window, config.entropy_threshold, config.entropy_top_k), spans, protected,
+                            len(prompt) + config.exact_opening)
 
     def _clip(self, new: list[int], budget: int) -> tuple[list[int], bool]:
         """Cut ``new`` at the first EOS (dropped) or at the token budget; say whether EOS ended generation."""
@@ -338,7 +348,7 @@ class FlyEngine:
         logits = self.target.extend([context[-1], *draft_ids])[:, : self.vocab_size]
         stats.target_forwards += 1
         ids = torch.tensor(draft_ids, dtype=torch.long)
-        strict = checks.spans.strict_positions(draft_ids) if checks.spans is not None else None
+        strict = checks.strict_positions(len(context), draft_ids)
         if sampler.greedy:
             verdict = verify_greedy(logits, ids, checks.rule, strict, checks.protected)
         else:

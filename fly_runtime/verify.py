@@ -13,9 +13,10 @@ draft token is kept) when
      a continuation the target agrees with shows the draft token was an acceptable alternative.
 Several mismatches may be forgiven in one round. ``window=0`` drops the second test and
 ``entropy_threshold=0`` drops the first (ablations). Two guards keep FLy to differences of wording: positions
-marked ``strict`` (e.g. inside a tool call, whose arguments must be the target's own) are never forgiven, nor
-is a mismatch where the drafted token or the target's pick is ``protected`` (e.g. holds a digit: another
-number is another answer, and the target happily continues from a wrong one).
+marked ``strict`` (e.g. inside a tool call, whose arguments must be the target's own, or in the reply's
+opening, which sets the answer's course) are never forgiven, nor is a mismatch where the drafted token or
+the target's pick is ``protected`` (e.g. holds a digit: another number is another answer, and the target
+happily continues from a wrong one).
 """
 
 from __future__ import annotations

@@ -42,6 +42,13 @@ def test_number_guard_is_on_by_default_and_can_be_lifted_per_model_or_call():
     assert FlyChatModel(exact_numbers=False)._identifying_params["exact_numbers"] is False
 
 
+def test_opening_guard_defaults_to_16_tokens_and_can_be_changed_per_call():
+    request = FlyChatModel().reply_request([{"role": "user", "content": "2+2?"}], None, {"exact_opening": 0})
+    assert FlyChatModel().generation_config().exact_opening == 16 and request.config(()).exact_opening == 0
+    with pytest.raises(InvalidSettingsError, match="exact_opening must be >= 0"):
+        FlyChatModel(exact_opening=-1).generation_config()
+
+
 def test_instances_share_one_loaded_engine():
     a, b = FlyChatModel(mode="ar"), FlyChatModel(mode="fly", k=10)
     assert a.engine() is b.engine()

@@ -212,3 +212,16 @@ def test_sampling_is_reproducible_with_a_seed():
     a = verify_sampling(p, q, d, torch.Generator().manual_seed(7), FlyRule(window=2))
     b = verify_sampling(p, q, d, torch.Generator().manual_seed(7), FlyRule(window=2))
     assert a == b
+
+
+def test_the_replys_opening_is_verified_exactly():
+    from fly_runtime.engine import Verification
+
+    checks = Verification(FlyRule(), opening_end=10)  # prompt of 4 tokens, exact_opening=6
+    assert checks.strict_positions(8, [5, 6, 7, 8]) == [True, True, False, False]
+    assert checks.strict_positions(10, [5, 6]) is None  # past the opening nothing is strict
+    # a forgivable mismatch in the opening is rejected like exact matching would
+    d = drafts(with_mismatches([1]))
+    loose = verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6))
+    strict = verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6), checks.strict_positions(8, list(d)))
+    assert (loose.accepted, strict.accepted) == (8, 1)
