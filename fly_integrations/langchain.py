@@ -29,7 +29,7 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field
 
-from fly_integrations.params import FlyParams
+from fly_integrations.params import OVERRIDABLE, FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
 from fly_integrations.streaming import aiter_in_thread
 from fly_integrations.tools import normalize_tool_choice, validate_tool_schema
@@ -58,14 +58,8 @@ class FlyChatModel(FlyParams, BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {
-            "target": self.target, "draft": self.draft, "backend": self.backend, "mode": self.mode, "k": self.k,
-            "window": self.window, "entropy_threshold": self.entropy_threshold, "exact_numbers": self.exact_numbers,
-            "exact_code": self.exact_code, "exact_opening": self.exact_opening, "ngram": self.ngram,
-            "adaptive": self.adaptive,
-            "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
-            "max_tokens": self.max_tokens, "seed": self.seed,
-        }
+        # the models, and every setting a call may override (which is every setting that shapes the output)
+        return {name: getattr(self, name) for name in ("target", "draft", "backend", *OVERRIDABLE)}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(

@@ -6,8 +6,8 @@ what it measures in the request:
   (5 exact; 8 FLy while its room pays, see below and ``DraftPolicy.__init__``). A K-token draft yields
   1 + sum over i <= K of P(the first i drafts survive) tokens, from per-position survival estimates (see
   ``Survival``; FLy-forgiven drafts count as survivors), and costs a + b*K seconds, fitted to the measured
-  rounds (see ``RoundCost``). Verifying K drafts is one target pass over K+1 tokens, which on a memory-bound target costs little more
-  than a plain step, so long drafts cost only b each;
+  rounds (see ``RoundCost``). Verifying K drafts is one target pass over K+1 tokens, which on a
+  memory-bound target costs little more than a plain step, so long drafts cost only b each;
 - where the drafter stops: below the top-1 probability where one more draft token stops paying (draft time
   / verification time, at most 0.05) its token is likely wrong. In exact mode the draft ends there. In FLy
   mode a doubtful token is exactly where the target is likely uncertain too and a mismatch may be
@@ -120,14 +120,14 @@ class ForgivenessRoom:
     only in distribution), so the short draft would have kept the drafts matched before the first
     mismatch, at most ``short_k``, plus the target's token. Its cost comes from the round's own
     measurements: ``short_k`` drafts at the round's time per draft, and a verification that grows linearly
-    from one plain step to the round's. On Spec-Bench
-    roleplay, where the drafter and target disagree early and a mismatch with ``window`` agreeing drafts
-    after it is rare, FLy's 8-token rounds made 6.2-6.9 tokens/s where 5-token drafts of the same rounds
-    would have made 7.8-8.4 (the request ran at 0.93x of plain decoding against exact matching's 1.24x).
-    Where forgiving pays, a forgiven round keeps far more than its matched prefix and the room stays. On 10
-    held-out Spec-Bench prompts (the 3rd and 4th of writing, roleplay, reasoning, stem, humanities) FLy ran
-    at 1.36x of plain decoding with this test and 1.33x without it (exact matching: 1.33x); it lost most on one
-    writing prompt (1.22x against 1.31x: 2 forgiven tokens against 3).
+    from one plain step to the round's. On Spec-Bench roleplay, where the drafter and target disagree early
+    and a mismatch with ``window`` agreeing drafts after it is rare, FLy's 8-token rounds made 6.2-6.9
+    tokens/s where 5-token drafts of the same rounds would have made 7.8-8.4 (the request ran at 0.93x of
+    plain decoding against exact matching's 1.24x). Where forgiving pays, a forgiven round keeps far more
+    than its matched prefix and the room stays. On 10 held-out Spec-Bench prompts (the 3rd and 4th of
+    writing, roleplay, reasoning, stem, humanities) FLy ran at 1.36x of plain decoding with this test and
+    1.33x without it (exact matching: 1.33x); it lost most on one writing prompt (1.22x against 1.31x: 2
+    forgiven tokens against 3).
     """
 
     MIN_ROUNDS = 8  # long rounds judged before the room may be given up
@@ -252,7 +252,7 @@ class DraftPolicy:
             self._round_cost.record(drafted, draft_seconds + verify_seconds)
         if self._verify_seconds is None:
             return
-        if self._room is not None and drafted and self.plain_step_seconds:
+        if self._room is not None and self.plain_step_seconds:  # rounds of no long draft it skips itself
             self._room.record(drafted, accepted if matched is None else matched, produced, draft_seconds,
                               verify_seconds, self.plain_step_seconds)
             if self._room.loses():
