@@ -210,12 +210,20 @@ class DraftPolicy:
             return False
         return self.plain_step_seconds is None or self._plain_left > 0
 
-    def shape(self, remaining: int) -> DraftShape:
-        k = min(self.k, remaining)
+    def shape(self, remaining: int, strict: int = 0) -> DraftShape:
+        """This round's draft; its first ``strict`` drafts will be verified exactly whatever the mode (the
+        reply's opening)."""
         if not self.adaptive:
-            return DraftShape(k, 0.0, 0)
-        # a draft no longer than the window leaves no mismatch room to be forgiven: it drafts like exact matching
-        extension = self.window if k > self.window else 0
+            return DraftShape(min(self.k, remaining), 0.0, 0)
+        k = self.k
+        if self.window and k - self.window <= strict:
+            # every draft a mismatch could be forgiven at (those with a window of drafts after them) is verified
+            # exactly: the room buys nothing this round, so draft as exact matching would. In the opening of a
+            # short answer (Spec-Bench extraction: 13-15 tokens) that is the whole reply
+            k = self._best_k(self._rates(), DEFAULT_K["exact"]) if self._verify_seconds else DEFAULT_K["exact"]
+        k = min(k, remaining)
+        # a draft that leaves no forgivable mismatch a window of checked drafts drafts like exact matching
+        extension = self.window if self.window and k - self.window > strict else 0
         return DraftShape(k, self.confidence_floor(), extension, gate_ngrams=True)
 
     def confidence_floor(self) -> float:
@@ -282,9 +290,10 @@ class DraftPolicy:
         self.min_k = DEFAULT_K["exact"]
         self._room = None
 
-    def _best_k(self, rates: np.ndarray) -> int:
-        """The draft length of highest expected rate, at least ``min_k``."""
-        return int(np.argmax(rates[self.min_k - 1 :])) + self.min_k
+    def _best_k(self, rates: np.ndarray, floor: int | None = None) -> int:
+        """The draft length of highest expected rate, at least ``floor`` (default ``min_k``)."""
+        floor = self.min_k if floor is None else floor
+        return int(np.argmax(rates[floor - 1 :])) + floor
 
     def _rates(self) -> np.ndarray:
         """Expected tokens per second of a K-token round for K = 1..K_MAX."""

@@ -87,6 +87,10 @@ class Verification:
             return [o or s for o, s in zip(opening, self.spans.strict_positions(draft_ids))]
         return opening if any(opening) else None
 
+    def strict_leading(self, position: int) -> int:
+        """How many drafts from sequence ``position`` on are sure to be verified exactly (the reply's opening)."""
+        return max(0, self.opening_end - position)
+
 
 class GenerationStream:
     """Iterate to receive text pieces as they are committed; ``result`` is set once iteration ends.
@@ -246,8 +250,8 @@ class FlyEngine:
                             deferral = None
                         # the round is timed from here: the policy prices drafting by a round's draft time,
                         # which reading is not part of
-                        new = self._drafted_step(drafter, context, policy.shape(remaining - 1), sampler, checks,
-                                                 stats, policy)
+                        shape = policy.shape(remaining - 1, checks.strict_leading(len(context)))
+                        new = self._drafted_step(drafter, context, shape, sampler, checks, stats, policy)
                     if deferral is not None:
                         deferral.record(len(new), time.perf_counter() - step_start, policy.plain_step_seconds)
                 tail = text.finish()

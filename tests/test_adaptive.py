@@ -4,7 +4,7 @@ import random
 
 import numpy as np
 
-from fly_runtime.adaptive import K_MAX, DeferredRead, DraftPolicy, ForgivenessRoom, RoundCost
+from fly_runtime.adaptive import K_MAX, DeferredRead, DraftPolicy, DraftShape, ForgivenessRoom, RoundCost
 from fly_runtime.config import DEFAULT_K, GenerationConfig
 
 
@@ -81,6 +81,22 @@ def test_fly_drafts_longer_while_forgiveness_pays():
         # natively the drafts die after one token, but FLy keeps all of them
         fly.record_round(fly.k, fly.k, fly.k + 1, fly.k * 0.02, 0.23, matched=1)
     assert fly.k > DEFAULT_K["fly"]
+
+
+def test_fly_drafts_like_exact_where_its_room_lies_in_the_exactly_verified_opening():
+    fly = DraftPolicy(GenerationConfig(mode="fly"), plain_step_seconds=0.17)
+    window, k = fly.window, DEFAULT_K["fly"]
+    # with K = 8 and W = 6 only drafts 1-2 can be forgiven; while both lie in the opening nothing can
+    assert fly.shape(100, strict=k - window) == fly.shape(100, strict=k) == DraftShape(
+        DEFAULT_K["exact"], fly.confidence_floor(), 0, gate_ngrams=True)
+    # once the second of them lies past the opening, the room is back
+    assert fly.shape(100, strict=k - window - 1) == fly.shape(100) == DraftShape(
+        k, fly.confidence_floor(), window, gate_ngrams=True)
+    # the short draft follows the measured rates like exact's: long where drafts survive
+    for _ in range(10):
+        fly.record_round(fly.k, fly.k, fly.k + 1, fly.k * 0.02, 0.23)
+    assert fly.shape(100, strict=k).k > DEFAULT_K["exact"]
+    assert DraftPolicy(GenerationConfig(mode="exact"), 0.17).shape(100, strict=16).k == DEFAULT_K["exact"]
 
 
 def test_fly_keeps_its_room_where_occasional_forgiveness_outweighs_its_cost():
