@@ -21,36 +21,39 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="PyTorch device (cpu, cuda, cuda:1)")
 
 
+# the GenerationConfig fields the command line sets, each as --field-name (defaults from GenerationConfig)
+DECODING_FIELDS = ("k", "window", "entropy_threshold", "exact_numbers", "exact_code", "exact_opening", "ngram",
+                   "adaptive", "max_new_tokens", "temperature", "top_k", "top_p", "seed")
+
+
 def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--k", type=int, default=None, help="drafts per round (default: 5 exact, 8 fly)")
-    parser.add_argument("--window", type=int, default=6, help="FLy deferred window W")
-    parser.add_argument("--entropy-threshold", type=float, default=0.3, help="FLy entropy gate θ")
-    parser.add_argument("--exact-numbers", action=argparse.BooleanOptionalAction, default=True,
+    defaults = GenerationConfig()
+    switch = argparse.BooleanOptionalAction
+    parser.add_argument("--k", type=int, default=defaults.k, help="drafts per round (default: 5 exact, 8 fly)")
+    parser.add_argument("--window", type=int, default=defaults.window, help="FLy deferred window W")
+    parser.add_argument("--entropy-threshold", type=float, default=defaults.entropy_threshold,
+                        help="FLy entropy gate θ")
+    parser.add_argument("--exact-numbers", action=switch, default=defaults.exact_numbers,
                         help="FLy never forgives a drafted token where it or the target's token holds a digit")
-    parser.add_argument("--exact-code", action=argparse.BooleanOptionalAction, default=True,
+    parser.add_argument("--exact-code", action=switch, default=defaults.exact_code,
                         help="FLy verifies fenced code blocks (```) exactly")
-    parser.add_argument("--exact-opening", type=int, default=16,
+    parser.add_argument("--exact-opening", type=int, default=defaults.exact_opening,
                         help="FLy verifies the reply's first N tokens exactly (0: off)")
-    parser.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=True,
+    parser.add_argument("--ngram", action=switch, default=defaults.ngram,
                         help="check prompt-lookup n-grams with the drafter before it drafts alone")
-    parser.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True,
+    parser.add_argument("--adaptive", action=switch, default=defaults.adaptive,
                         help="adapt the draft length, stop unsure drafts, fall back to plain decoding when "
                              "speculation does not pay (--k fixes K and turns this off)")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    parser.add_argument("--temperature", type=float, default=defaults.temperature)
+    parser.add_argument("--top-k", type=int, default=defaults.top_k)
+    parser.add_argument("--top-p", type=float, default=defaults.top_p)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
 
 
 def _config(args: argparse.Namespace, **extra) -> GenerationConfig:
-    return GenerationConfig(
-        mode=getattr(args, "mode", "fly"), k=args.k, window=args.window, entropy_threshold=args.entropy_threshold,
-        exact_numbers=args.exact_numbers, exact_code=args.exact_code, exact_opening=args.exact_opening,
-        ngram=args.ngram, adaptive=args.adaptive,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        seed=args.seed, **extra,
-    )
+    settings = {name: getattr(args, name) for name in DECODING_FIELDS}
+    return GenerationConfig(mode=getattr(args, "mode", "fly"), **settings, **extra)
 
 
 def _model_settings(args: argparse.Namespace):
@@ -121,10 +124,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise FlyError("hf-assisted needs a draft model")
         hf = HfAssisted(resolve_model(settings.target).hf_dir, resolve_model(settings.draft).hf_dir)
     described = {"target": settings.target, "draft": settings.draft, "backend": engine.target.backend.name,
-                 "k": args.k, "window": args.window, "entropy_threshold": args.entropy_threshold,
-                 "exact_numbers": args.exact_numbers, "exact_code": args.exact_code,
-                 "exact_opening": args.exact_opening, "ngram": args.ngram,
-                 "adaptive": args.adaptive, "temperature": args.temperature}
+                 **{name: getattr(base, name) for name in DECODING_FIELDS if name not in ("max_new_tokens", "seed")}}
     run_benchmark(engine, tasks, modes, base, args.suite, Path(args.out), hf, described)
     print((Path(args.out) / "summary.md").read_text())
     return 0
