@@ -19,6 +19,7 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
+from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import PydanticToolsParser
@@ -219,10 +220,11 @@ def _collect(chunks: Iterator[ChatGenerationChunk]) -> ChatResult:
     ))])
 
 
-def _usage(result: GenerationResult) -> dict[str, int]:
+def _usage(result: GenerationResult) -> UsageMetadata:
     s = result.stats
     return {"input_tokens": s.prompt_tokens, "output_tokens": s.new_tokens,
-            "total_tokens": s.prompt_tokens + s.new_tokens}
+            "total_tokens": s.prompt_tokens + s.new_tokens,
+            "input_token_details": {"cache_read": s.cached_tokens}}
 
 
 def _response_schema(response_format: dict | None) -> dict | None:

@@ -74,7 +74,7 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
             extra["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in item.tool_calls]
         s = item.result.stats
         fly = {**self.fly_metadata(s), "finish_reason": item.result.finish_reason,
-               "prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens}
+               "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens, "completion_tokens": s.new_tokens}
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=item.content, additional_kwargs=extra),
             delta="",

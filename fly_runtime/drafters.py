@@ -30,6 +30,14 @@ class Draft:
 
 
 class Drafter(Protocol):
+    def begin(self) -> None:
+        """A request starts: forget what the last one taught (a KV cache is kept: its prefix may be reused)."""
+        ...
+
+    def unread(self, context: Sequence[int]) -> int:
+        """How many ids ``catch_up(context)`` would read."""
+        ...
+
     def catch_up(self, context: Sequence[int]) -> None:
         """Read all of ``context`` but its last id (which the next proposal feeds): the prompt before a
         request's first round, the tokens committed while decoding plainly before a later one."""
@@ -44,7 +52,7 @@ class Drafter(Protocol):
         ...
 
     def reset(self) -> None:
-        """Forget the previous request."""
+        """Forget everything, the KV cache included."""
         ...
 
 
@@ -83,6 +91,12 @@ class NgramDrafter:
             probs = _one_hot_rows(tokens, self.vocab_size)  # a deterministic proposal is a one-hot draw
         return Draft(tokens, probs, 0)
 
+    def begin(self) -> None:
+        pass
+
+    def unread(self, context: Sequence[int]) -> int:
+        return 0
+
     def catch_up(self, context: Sequence[int]) -> None:
         pass
 
@@ -106,6 +120,12 @@ class ModelDrafter:
         self.ngram = ngram
         self._ngram_proposed = 0
         self._ngram_kept = 0
+
+    def begin(self) -> None:
+        self._ngram_proposed = self._ngram_kept = 0
+
+    def unread(self, context: Sequence[int]) -> int:
+        return max(0, len(context) - 1 - self.sequence.reusable(context))
 
     def catch_up(self, context: Sequence[int]) -> None:
         unread = self.sequence.pending(context)
@@ -167,4 +187,4 @@ class ModelDrafter:
 
     def reset(self) -> None:
         self.sequence.reset()
-        self._ngram_proposed = self._ngram_kept = 0
+        self.begin()

@@ -71,6 +71,7 @@ def test_bench_run_writes_results_summary_and_plot(tmp_path):
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [r["mode"] for r in rows] == ["ar", "exact", "fly"] * 2  # interleaved per prompt
     assert all({"tokens_per_second", "mean_accepted", "fly_forgiven", "text", "correct"} <= set(r) for r in rows)
+    assert all(r["cached_tokens"] == 0 for r in rows)  # each mode reads the prompt afresh, as the others did
     summary = json.loads((out / "summary.json").read_text())
     assert summary["suite"] == "gsm8k" and summary["n_prompts"] == 2 and summary["max_new_tokens"] == 24
     for mode in ("ar", "exact", "fly"):

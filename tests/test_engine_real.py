@@ -130,6 +130,25 @@ def test_abandoned_stream_frees_the_engine(engine, chat_ids, runs):
     assert after.token_ids == runs["ar"][0].token_ids
 
 
+def test_a_follow_up_turn_reads_only_what_the_last_request_left_uncached(engine):
+    def encode(messages: list[dict]) -> list[int]:
+        return engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+    config = GenerationConfig(mode="exact", max_new_tokens=24)
+    turn = [{"role": "user", "content": PROMPTS[4]}]
+    engine.clear_cache()
+    first = engine.generate(encode(turn), config)
+    assert first.stats.cached_tokens == 0
+    follow_up = encode(turn + [{"role": "assistant", "content": first.text},
+                               {"role": "user", "content": "Now multiply the result by 2."}])
+    warm = engine.generate(follow_up, config)
+    # the first prompt and its answer (as far as re-tokenising the text gives the same ids) come from the cache
+    assert len(encode(turn)) < warm.stats.cached_tokens < len(follow_up)
+    engine.clear_cache()
+    cold = engine.generate(follow_up, GenerationConfig(mode="ar", max_new_tokens=24))
+    assert cold.stats.cached_tokens == 0 and cold.token_ids == warm.token_ids
+
+
 def test_drafter_catches_up_before_drafting_and_requests_start_fresh(engine, chat_ids):
     from fly_runtime.adaptive import DraftShape
     from fly_runtime.sampling import Sampler

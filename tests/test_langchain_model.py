@@ -68,6 +68,14 @@ def test_stream_usage_once_on_last_chunk_and_fly_stats():
     assert {"mean_accepted", "acceptance_rate", "fly_forgiven", "tokens_per_second"} <= set(meta)
 
 
+def test_a_second_turn_reports_the_history_it_read_from_the_cache():
+    model = FlyChatModel(mode="exact", temperature=0, max_tokens=32)
+    first = model.invoke(QUESTION)
+    second = model.invoke(QUESTION + [first, HumanMessage("Now make it return the cube instead.")])
+    cached = second.usage_metadata["input_token_details"]["cache_read"]
+    assert first.usage_metadata["input_tokens"] < cached < second.usage_metadata["input_tokens"]
+
+
 def test_multi_token_stop_sequence():
     model = FlyChatModel(max_tokens=64, mode="exact")
     full = model.invoke(QUESTION).content

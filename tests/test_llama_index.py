@@ -33,6 +33,15 @@ def test_exact_completion_equals_ar():
     assert exact.additional_kwargs["fly"]["mean_accepted"] > 1.0
 
 
+def test_a_second_turn_reports_the_history_it_read_from_the_cache():
+    llm = FlyLLM(mode="exact", temperature=0, max_tokens=32)
+    turn = [ChatMessage(role=MessageRole.USER, content=PROMPT)]
+    first = llm.chat(turn)
+    second = llm.chat(turn + [first.message, ChatMessage(role=MessageRole.USER, content="Now the square instead.")])
+    fly = second.additional_kwargs["fly"]
+    assert first.additional_kwargs["fly"]["prompt_tokens"] < fly["cached_tokens"] < fly["prompt_tokens"]
+
+
 def test_shares_the_engine_with_langchain():
     assert FlyLLM().engine() is FlyChatModel().engine()
 

@@ -51,15 +51,20 @@ class CachedSequence:
     def reset(self) -> None:
         self.crop(0)
 
+    def reusable(self, context: Sequence[int]) -> int:
+        """How many cached positions hold the start of ``context[:-1]`` (its last id is always fed anew)."""
+        limit = min(len(self.ids), len(context) - 1)
+        common = 0
+        while common < limit and self.ids[common] == context[common]:
+            common += 1
+        return common
+
     def pending(self, context: Sequence[int]) -> list[int]:
         """Crop to the longest common prefix with ``context[:-1]`` and return the ids still to feed.
 
         At least the last id of ``context`` is always returned, so feeding the result yields the logits
         that predict the token after ``context``.
         """
-        limit = min(len(self.ids), len(context) - 1)
-        common = 0
-        while common < limit and self.ids[common] == context[common]:
-            common += 1
+        common = self.reusable(context)
         self.crop(common)
         return list(context[common:])

@@ -67,7 +67,7 @@ class HfAssisted:
                 break
         return {"new_tokens": len(new), "seconds": seconds, "mean_accepted": None, "acceptance_rate": None,
                 "fly_forgiven": None, "k": None, "target_forwards": None, "plain_steps": None,
-                "lookup_rounds": None, "drafter_forwards": None,
+                "lookup_rounds": None, "drafter_forwards": None, "cached_tokens": 0,
                 "text": tokenizer.decode(new, skip_special_tokens=True)}
 
 
@@ -109,12 +109,15 @@ def run_benchmark(
             assert hf is not None
             return hf.generate(ids, base.max_new_tokens, set(engine.eos_token_ids), engine.tokenizer)
         config = GenerationConfig(**{**base.__dict__, "mode": spec.mode, "k": spec.k})
+        # every run reads its whole prompt, as Spec-Bench measures: the previous mode's run of the same prompt
+        # must not leave it cached
+        engine.clear_cache()
         result = engine.generate(ids, config)
         s = result.stats
         return {"new_tokens": s.new_tokens, "seconds": s.seconds, "mean_accepted": s.mean_accepted,
                 "acceptance_rate": s.acceptance_rate, "fly_forgiven": s.fly_forgiven, "k": s.k,
                 "target_forwards": s.target_forwards, "plain_steps": s.plain_steps, "lookup_rounds": s.lookup_rounds,
-                "drafter_forwards": s.drafter_forwards, "text": result.text}
+                "drafter_forwards": s.drafter_forwards, "cached_tokens": s.cached_tokens, "text": result.text}
 
     warmup = encode(tasks[0])
     for spec in modes:  # loads lazily-initialised kernels and caches; not counted
