@@ -86,7 +86,8 @@ class Verification:
     def strict_positions(self, position: int, draft_ids: Sequence[int]) -> list[bool] | None:
         """Which drafts must match the target exactly, the first of them at sequence ``position``: those in
         the reply's opening or inside an exact span. None where no draft must."""
-        opening = [position + i < self.opening_end for i in range(len(draft_ids))]
+        leading = self.strict_leading(position)
+        opening = [i < leading for i in range(len(draft_ids))]
         if self.spans is not None:
             return [o or s for o, s in zip(opening, self.spans.strict_positions(draft_ids))]
         return opening if any(opening) else None
@@ -189,9 +190,12 @@ class FlyEngine:
 
     def _reset_caches(self) -> None:
         self.target.reset()
-        for drafter in (self.drafter, self.ngram_drafter):  # two views of one drafter cache: reset both
-            if drafter is not None:
-                drafter.reset()
+        for view in self._drafter_views():
+            view.reset()
+
+    def _drafter_views(self) -> list[Drafter]:
+        """The plain and the n-gram cascade drafter: two views of one drafter cache, each with its own state."""
+        return [view for view in (self.drafter, self.ngram_drafter) if view is not None]
 
     def _check_prompt(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
         prompt = list(prompt_ids)
@@ -219,9 +223,8 @@ class FlyEngine:
             finish = "length"
             completed = False
             try:
-                for view in (self.drafter, self.ngram_drafter):
-                    if view is not None:
-                        view.begin()
+                for view in self._drafter_views():
+                    view.begin()
                 unread = self.target.pending(prompt)  # what the previous request left cached is kept
                 stats.cached_tokens = len(prompt) - len(unread)
                 prefill_start = time.perf_counter()
@@ -262,7 +265,8 @@ class FlyEngine:
                                                                    remaining):
                         new = self._lookup_step(lookup, context, remaining, sampler, checks, stats, policy)
                     else:
-                        unread_by_drafter = drafter.unread(context)
+                        # counted only while the read is still to be priced: a scan of the context, not per round
+                        unread_by_drafter = drafter.unread(context) if deferral is not None else 0
                         drafter.catch_up(context)  # the prompt, or what a plain stretch decoded
                         if deferral is not None:
                             self._read_share = deferral.learn(unread_by_drafter, time.perf_counter() - step_start)
