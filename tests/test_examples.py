@@ -36,6 +36,10 @@ def test_langchain_agent_calls_the_calculator():
     assert calls and calls[0]["name"] == "calculator"
     assert "1234" in calls[0]["args"]["expression"] and "5678" in calls[0]["args"]["expression"]
     assert "7006652" in answer.replace(",", "").replace(" ", "")
+    # every step reads only what the conversation added since the last: this model answers a tool result by
+    # repeating the call, and the retry that steers it to answer keeps the prompt it read (tools and all)
+    usage = messages[-1].usage_metadata
+    assert usage["input_tokens"] - usage["input_token_details"]["cache_read"] < 48
 
 
 def test_langchain_examples_run_from_the_command_line():
