@@ -59,17 +59,22 @@ class ReplyRequest:
 ANSWER_NOW = "The tool results above hold what the request needs: answer it now in text, without calling a tool."
 
 
+def _attempts(request: ReplyRequest) -> Iterator[tuple[list[dict], str | None]]:
+    """The (messages, tool_choice) of each generation, in order: as asked; then, where the model repeated an
+    answered call, steered to answer by an instruction appended to the same prompt; then without tools."""
+    yield request.messages, request.tool_choice
+    yield [*request.messages, {"role": "system", "content": ANSWER_NOW}], request.tool_choice
+    yield request.messages, "none"
+
+
 def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
-    choice = request.tool_choice
-    messages = request.messages
-    while True:
+    for messages, choice in _attempts(request):
         try:
             prompt = render_prompt(request.engine.tokenizer, messages, request.tools, choice, request.json_schema)
         except TemplateError:
-            if messages is request.messages:
+            if messages is request.messages:  # only the steering instruction is ours to drop
                 raise
-            messages, choice = request.messages, "none"  # the template takes no system message after the first
-            continue
+            continue  # the template takes no system message after the first
         names = request.tool_names if choice != "none" else None
         splitter = ReplySplitter(prompt.prefill, names is not None, names)
         config = request.config(prompt.stop)
@@ -85,10 +90,6 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
         if rest:
             yield rest
         if calls and choice in (None, "auto") and _all_answered(calls, request.messages):
-            if messages is request.messages:
-                messages = [*request.messages, {"role": "system", "content": ANSWER_NOW}]
-            else:
-                messages, choice = request.messages, "none"
             continue
         assert stream.result is not None
         yield Reply(splitter.emitted, calls, stream.result)
