@@ -11,8 +11,8 @@ from fly_runtime import FlyEngine, GenerationConfig, ModelSettings, get_engine
 from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 
 # per-call keyword arguments that override a field for one request
-OVERRIDABLE = ("mode", "k", "window", "entropy_threshold", "exact_numbers", "exact_code", "exact_opening", "ngram",
-               "adaptive", "temperature", "top_k", "top_p", "seed", "max_tokens")
+OVERRIDABLE = ("mode", "k", "window", "entropy_threshold", "min_prob_ratio", "exact_numbers", "exact_code",
+               "exact_opening", "ngram", "adaptive", "temperature", "top_k", "top_p", "seed", "max_tokens")
 
 
 class FlyParams(BaseModel):
@@ -24,6 +24,9 @@ class FlyParams(BaseModel):
     k: int | None = None
     window: int = 6
     entropy_threshold: float = 0.3
+    min_prob_ratio: float = Field(
+        default=0.1, description="fly forgives a drafted token only if the target gives it this fraction of its "
+                                 "top token's probability (0: the paper's rule)")
     exact_numbers: bool = Field(default=True, description="fly never forgives a drafted token holding a digit")
     exact_code: bool = Field(default=True, description="fly verifies fenced code blocks exactly")
     exact_opening: int = Field(default=16, description="fly verifies the reply's first N tokens exactly (0: off)")

@@ -22,8 +22,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 # the GenerationConfig fields the command line sets, each as --field-name (defaults from GenerationConfig)
-DECODING_FIELDS = ("k", "window", "entropy_threshold", "exact_numbers", "exact_code", "exact_opening", "ngram",
-                   "adaptive", "max_new_tokens", "temperature", "top_k", "top_p", "seed")
+DECODING_FIELDS = ("k", "window", "entropy_threshold", "min_prob_ratio", "exact_numbers", "exact_code",
+                   "exact_opening", "ngram", "adaptive", "max_new_tokens", "temperature", "top_k", "top_p", "seed")
 
 
 def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +33,9 @@ def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=int, default=defaults.window, help="FLy deferred window W")
     parser.add_argument("--entropy-threshold", type=float, default=defaults.entropy_threshold,
                         help="FLy entropy gate θ")
+    parser.add_argument("--min-prob-ratio", type=float, default=defaults.min_prob_ratio,
+                        help="FLy forgives a drafted token only if the target gives it this fraction of its top "
+                             "token's probability (0: the paper's rule)")
     parser.add_argument("--exact-numbers", action=switch, default=defaults.exact_numbers,
                         help="FLy never forgives a drafted token where it or the target's token holds a digit")
     parser.add_argument("--exact-code", action=switch, default=defaults.exact_code,

@@ -23,6 +23,9 @@ class GenerationConfig:
     window: int = 6
     entropy_threshold: float = 0.3
     entropy_top_k: int = 3
+    # FLy forgives a drafted token only if the target gives it at least this fraction of its own top token's
+    # probability (0 = the paper's rule, entropy gate and window only)
+    min_prob_ratio: float = 0.1
     ngram: bool = True  # prompt-lookup n-grams checked by the drafter before it drafts on its own
     adaptive: bool = True  # adapt K, stop unsure drafts, fall back to plain decoding (off when k is fixed)
     max_new_tokens: int = 256
@@ -71,6 +74,8 @@ class GenerationConfig:
             raise InvalidSettingsError(f"exact_opening must be >= 0 tokens (0 = off), got {self.exact_opening}")
         if not self.entropy_threshold >= 0:
             raise InvalidSettingsError(f"entropy_threshold must be >= 0, got {self.entropy_threshold}")
+        if not 0 <= self.min_prob_ratio <= 1:
+            raise InvalidSettingsError(f"min_prob_ratio must be in [0, 1] (0 = off), got {self.min_prob_ratio}")
         if self.entropy_top_k < 1:
             raise InvalidSettingsError(f"entropy_top_k must be >= 1, got {self.entropy_top_k}")
         if not self.temperature >= 0:

@@ -309,7 +309,7 @@ class FlyEngine:
             if self._digit_tokens is None:
                 self._digit_tokens = digit_token_mask(self.tokenizer, self.vocab_size)
             protected = self._digit_tokens
-        return Verification(FlyRule(config.window, config.entropy_threshold, config.entropy_top_k), spans, protected,
+        return Verification(FlyRule(config.window, config.entropy_threshold, config.entropy_top_k, config.min_prob_ratio), spans, protected,
                             len(prompt) + config.exact_opening)
 
     def _clip(self, new: list[int], budget: int) -> tuple[list[int], bool]:

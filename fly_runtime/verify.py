@@ -12,7 +12,11 @@ draft token is kept) when
   2. the target natively accepts each of the next ``window`` drafts, which must all exist (i + W < K):
      a continuation the target agrees with shows the draft token was an acceptable alternative.
 Several mismatches may be forgiven in one round. ``window=0`` drops the second test and
-``entropy_threshold=0`` drops the first (ablations). Two guards keep FLy to differences of wording: positions
+``entropy_threshold=0`` drops the first (ablations). Beyond the paper, the target must also rate the drafted
+token as a real alternative: at least ``min_prob_ratio`` of its own top token's probability (the shape of
+Medusa's typical acceptance). The entropy gate alone passes a token the target gives 5% against 80% for its
+own, and on GSM8K such a token (a swapped name) inverted a relation and changed the answer; every forgiven
+wording difference logged there had a ratio above 0.1. ``min_prob_ratio=0`` gives the paper's rule. Two guards keep FLy to differences of wording: positions
 marked ``strict`` (e.g. inside a tool call, whose arguments must be the target's own, or in the reply's
 opening, which sets the answer's course) are never forgiven, nor is a mismatch where the drafted token or
 the target's pick is ``protected`` (e.g. holds a digit: another number is another answer, and the target
@@ -41,6 +45,7 @@ class FlyRule:
     window: int = 6
     entropy_threshold: float = 0.3
     entropy_top_k: int = 3
+    min_prob_ratio: float = 0.1  # p_target(draft) / p_target(target's top) needed to forgive
 
 
 def topk_entropy(log_probs: torch.Tensor, k: int) -> torch.Tensor:
@@ -90,8 +95,11 @@ def verify_greedy(target_logits: torch.Tensor, draft_ids: torch.Tensor, rule: Fl
         forgivable = [False] * k
         window = 0
     else:
-        entropy = topk_entropy(torch.log_softmax(target_logits[:k].float(), dim=-1), rule.entropy_top_k)
-        forgivable = _guarded(entropy >= rule.entropy_threshold, draft_ids, target_ids[:k], strict, protected)
+        log_probs = torch.log_softmax(target_logits[:k].float(), dim=-1)
+        entropy = topk_entropy(log_probs, rule.entropy_top_k)
+        draft_vs_top = (log_probs[torch.arange(k), draft_ids] - log_probs.max(dim=-1).values).exp()
+        plausible = (entropy >= rule.entropy_threshold) & (draft_vs_top >= rule.min_prob_ratio)
+        forgivable = _guarded(plausible, draft_ids, target_ids[:k], strict, protected)
         window = rule.window
     accepted, forgiven = kept_prefix(native, forgivable, window)
     return Verdict(accepted, int(target_ids[accepted]), accepted - forgiven, forgiven, _leading(native))
@@ -111,7 +119,8 @@ def verify_sampling(
 
     Draft i is accepted natively with probability min(1, p_i(d_i) / q_i(d_i)). Under FLy a rejected draft
     is kept when the target is uncertain there, the next ``window`` drafts are accepted natively by the same
-    test, and the target gives the draft token non-zero probability. At the first position kept by neither,
+    test, and the target gives the draft token non-zero probability, at least ``rule.min_prob_ratio`` of its
+    most likely token's. At the first position kept by neither,
     the next token is drawn from norm(max(p - q, 0)); if all drafts are kept it is drawn from the target's
     bonus distribution.
     """
@@ -126,8 +135,9 @@ def verify_sampling(
         window = 0
     else:
         entropy = topk_entropy(torch.log(target_probs[:k].double().clamp_min(1e-300)), rule.entropy_top_k)
-        uncertain = (entropy >= rule.entropy_threshold) & (p_draft > 0)
-        forgivable = _guarded(uncertain, draft_ids, target_probs[:k].argmax(dim=-1), strict, protected)
+        top = target_probs[:k].max(dim=-1).values
+        plausible = (entropy >= rule.entropy_threshold) & (p_draft > 0) & (p_draft >= rule.min_prob_ratio * top)
+        forgivable = _guarded(plausible, draft_ids, target_probs[:k].argmax(dim=-1), strict, protected)
         window = rule.window
     accepted, forgiven = kept_prefix(native, forgivable, window)
     if accepted == k:
@@ -139,11 +149,11 @@ def verify_sampling(
     return Verdict(accepted, next_token, accepted - forgiven, forgiven, _leading(native))
 
 
-def _guarded(uncertain: torch.Tensor, draft_ids: torch.Tensor, target_ids: torch.Tensor,
+def _guarded(plausible: torch.Tensor, draft_ids: torch.Tensor, target_ids: torch.Tensor,
              strict: Sequence[bool] | None, protected: torch.Tensor | None) -> list[bool]:
     """Which mismatches the guards leave forgivable: none at a strict position (inside a span that must match
     the target exactly), none where either the drafted token or the target's token is protected."""
-    forgivable = uncertain
+    forgivable = plausible
     if protected is not None:
         forgivable = forgivable & ~(protected[draft_ids] | protected[target_ids])
     if strict is None:

@@ -283,7 +283,7 @@ def test_fly_verifies_a_tool_call_exactly_inside_exact_spans(engine):
     ids = engine.tokenizer.apply_chat_template(messages, tools=[WEATHER_TOOL], add_generation_prompt=True)
     # FLy loosened as far as it goes (any mismatch followed by one native match is forgiven), so that it
     # rewrites this call if nothing stops it
-    loose = dict(mode="fly", window=1, entropy_threshold=0.0, max_new_tokens=96)
+    loose = dict(mode="fly", window=1, entropy_threshold=0.0, min_prob_ratio=0.0, max_new_tokens=96)
     ar = engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=96))
     assert ar.text.startswith("<tool_call>") and '"Reykjavik"' in ar.text
     unguarded = engine.generate(ids, GenerationConfig(**loose))
@@ -296,7 +296,7 @@ def test_fly_never_forgives_a_drafted_number(engine, chat_ids):
     ids = chat_ids("Compute each product and write only the results, comma separated: "
                    "17*23, 45*67, 89*12, 34*56, 78*91, 23*45, 67*89, 56*78.")
     # FLy loosened as far as it goes, so that the drafter's arithmetic slips through unless numbers are guarded
-    loose = dict(mode="fly", window=1, entropy_threshold=0.0, max_new_tokens=64)
+    loose = dict(mode="fly", window=1, entropy_threshold=0.0, min_prob_ratio=0.0, max_new_tokens=64)
     ar = engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=64))
     unguarded = engine.generate(ids, GenerationConfig(**loose, exact_numbers=False))
     assert unguarded.stats.fly_forgiven > 0 and unguarded.text != ar.text
@@ -306,7 +306,7 @@ def test_fly_never_forgives_a_drafted_number(engine, chat_ids):
 
 def test_fly_verifies_a_code_block_exactly(engine, chat_ids):
     ids = chat_ids("Reply with only a Python code block, no explanation: a function that merges two sorted lists.")
-    loose = dict(mode="fly", window=1, entropy_threshold=0.0, max_new_tokens=96)
+    loose = dict(mode="fly", window=1, entropy_threshold=0.0, min_prob_ratio=0.0, max_new_tokens=96)
     ar = engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=96))
     assert ar.text.startswith("```python")
     unguarded = engine.generate(ids, GenerationConfig(**loose, exact_code=False))

@@ -143,7 +143,8 @@ def test_fly_writes_the_tool_call_plain_decoding_writes():
     # to verify <tool_call> blocks exactly (measured: it lower-cased the city and doubled the braces)
     question = [HumanMessage("What's the weather like in Reykjavik today?")]
     ar = FlyChatModel(mode="ar", max_tokens=64).bind_tools([get_weather]).invoke(question)
-    loose = FlyChatModel(mode="fly", window=1, entropy_threshold=0.0, max_tokens=64).bind_tools([get_weather])
+    loose = FlyChatModel(mode="fly", window=1, entropy_threshold=0.0, min_prob_ratio=0.0,
+                         max_tokens=64).bind_tools([get_weather])
     reply = loose.invoke(question)
     assert ar.tool_calls and [(c["name"], c["args"]) for c in reply.tool_calls] == \
         [(c["name"], c["args"]) for c in ar.tool_calls]

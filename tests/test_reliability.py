@@ -108,6 +108,7 @@ def _still_works(alone) -> None:
     (lambda: FlyChatModel(k=0, mode="exact"), InvalidSettingsError, r"k \(drafts per round\) must be >= 1"),
     (lambda: FlyChatModel(k=6, window=6), InvalidSettingsError, r"window \(6\) must be smaller than k \(6\)"),
     (lambda: FlyChatModel(entropy_threshold=-1), InvalidSettingsError, "entropy_threshold must be >= 0"),
+    (lambda: FlyChatModel(min_prob_ratio=1.5), InvalidSettingsError, r"min_prob_ratio must be in \[0, 1\]"),
     (lambda: FlyChatModel(temperature=-0.5), InvalidSettingsError, "temperature must be >= 0"),
     (lambda: FlyChatModel(top_k=-1), InvalidSettingsError, "top_k must be >= 0"),
     (lambda: FlyChatModel().invoke("hi", temperature=-1), InvalidSettingsError, "temperature must be >= 0"),

@@ -37,7 +37,7 @@ TARGET8 = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # K = 8 predictions + bonus
 def with_mismatches(positions: list[int], base: list[int] = TARGET8) -> list[int]:
     out = list(base[:-1])
     for p in positions:
-        out[p] = 15  # a token the target never predicts
+        out[p] = (base[p] + 1) % V  # the target's runner-up where it is uncertain, improbable where it is sure
     return out
 
 
@@ -147,8 +147,43 @@ def test_ablation_window_zero_forgives_any_uncertain_mismatch():
 def test_ablation_threshold_zero_disables_the_gate():
     d = drafts(with_mismatches([1]))
     assert verify_greedy(target(TARGET8), d, FlyRule(window=6, entropy_threshold=0.3)).accepted == 1
-    v = verify_greedy(target(TARGET8), d, FlyRule(window=6, entropy_threshold=0.0))
+    v = verify_greedy(target(TARGET8), d, FlyRule(window=6, entropy_threshold=0.0, min_prob_ratio=0.0))
     assert (v.accepted, v.forgiven) == (8, 1)
+
+
+def uncertain_between(top: int, runner_up: int, ratio: float) -> torch.Tensor:
+    """Logits where ``top`` leads, ``runner_up`` has ``ratio`` of its probability, and a third token keeps the
+    top-3 entropy above the default gate."""
+    logits = torch.full((V,), -30.0)
+    logits[top] = 0.0
+    logits[runner_up] = math.log(ratio)
+    logits[(top + 7) % V] = math.log(0.5)
+    return logits
+
+
+@pytest.mark.parametrize("ratio, forgiven", [(0.06, False), (0.15, True)])
+def test_fly_forgives_only_a_draft_the_target_rates_near_its_own(ratio, forgiven):
+    # a swapped name the target gives 6% of its top token's probability is an error, not a rewording
+    logits = target(TARGET8)
+    logits[1] = uncertain_between(top=2, runner_up=12, ratio=ratio)
+    assert topk_entropy(torch.log_softmax(logits[1:2], dim=-1), 3).item() > 0.3
+    d = TARGET8[:-1]
+    d[1] = 12
+    v = verify_greedy(logits, drafts(d), FlyRule(window=6))
+    assert (v.accepted, v.forgiven) == ((8, 1) if forgiven else (1, 0))
+    # the paper's rule (no ratio test) forgives both
+    assert verify_greedy(logits, drafts(d), FlyRule(window=6, min_prob_ratio=0.0)).forgiven == 1
+
+
+def test_sampling_fly_forgives_only_a_draft_the_target_rates_near_its_own():
+    sure = torch.eye(V)[5]
+    q = torch.stack([torch.eye(V)[12], sure, sure])  # the drafter is sure of token 12 at position 0
+    d = drafts([12, 5, 5])
+    for ratio, expect_forgiven in ((0.06, False), (0.15, True)):
+        p = torch.stack([torch.softmax(uncertain_between(2, 12, ratio), dim=-1), sure, sure, sure])
+        verdicts = [verify_sampling(p, q, d, torch.Generator().manual_seed(s), FlyRule(window=2)) for s in range(40)]
+        assert any(v.forgiven == 1 for v in verdicts) == expect_forgiven
+        assert any(v.accepted == 0 for v in verdicts) != expect_forgiven
 
 
 def test_shape_is_checked():
