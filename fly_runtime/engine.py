@@ -309,8 +309,8 @@ class FlyEngine:
             if self._digit_tokens is None:
                 self._digit_tokens = digit_token_mask(self.tokenizer, self.vocab_size)
             protected = self._digit_tokens
-        return Verification(FlyRule(config.window, config.entropy_threshold, config.entropy_top_k, config.min_prob_ratio), spans, protected,
-                            len(prompt) + config.exact_opening)
+        rule = FlyRule(config.window, config.entropy_threshold, config.entropy_top_k, config.min_prob_ratio)
+        return Verification(rule, spans, protected, len(prompt) + config.exact_opening)
 
     def _clip(self, new: list[int], budget: int) -> tuple[list[int], bool]:
         """Cut ``new`` at the first EOS (dropped) or at the token budget; say whether EOS ended generation."""

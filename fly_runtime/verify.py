@@ -16,11 +16,11 @@ Several mismatches may be forgiven in one round. ``window=0`` drops the second t
 token as a real alternative: at least ``min_prob_ratio`` of its own top token's probability (the shape of
 Medusa's typical acceptance). The entropy gate alone passes a token the target gives 5% against 80% for its
 own, and on GSM8K such a token (a swapped name) inverted a relation and changed the answer; every forgiven
-wording difference logged there had a ratio above 0.1. ``min_prob_ratio=0`` gives the paper's rule. Two guards keep FLy to differences of wording: positions
-marked ``strict`` (e.g. inside a tool call, whose arguments must be the target's own, or in the reply's
-opening, which sets the answer's course) are never forgiven, nor is a mismatch where the drafted token or
-the target's pick is ``protected`` (e.g. holds a digit: another number is another answer, and the target
-happily continues from a wrong one).
+wording difference logged there had a ratio above 0.1. ``min_prob_ratio=0`` gives the paper's rule. Two guards
+keep FLy to differences of wording: positions marked ``strict`` (e.g. inside a tool call, whose arguments must
+be the target's own, or in the reply's opening, which sets the answer's course) are never forgiven, nor is a
+mismatch where the drafted token or the target's pick is ``protected`` (e.g. holds a digit: another number is
+another answer, and the target happily continues from a wrong one).
 """
 
 from __future__ import annotations
@@ -120,9 +120,8 @@ def verify_sampling(
     Draft i is accepted natively with probability min(1, p_i(d_i) / q_i(d_i)). Under FLy a rejected draft
     is kept when the target is uncertain there, the next ``window`` drafts are accepted natively by the same
     test, and the target gives the draft token non-zero probability, at least ``rule.min_prob_ratio`` of its
-    most likely token's. At the first position kept by neither,
-    the next token is drawn from norm(max(p - q, 0)); if all drafts are kept it is drawn from the target's
-    bonus distribution.
+    most likely token's. At the first position kept by neither, the next token is drawn from
+    norm(max(p - q, 0)); if all drafts are kept it is drawn from the target's bonus distribution.
     """
     k = _check_shapes(target_probs, draft_ids)
     rows = torch.arange(k)
