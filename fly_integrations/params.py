@@ -20,26 +20,31 @@ class FlyParams(BaseModel):
     draft: str | None = Field(default=DEFAULT_DRAFT, description="drafter (same tokenizer); None = n-grams only")
     backend: Literal["auto", "torch", "onnx"] = "auto"
     device: str | None = None
-    mode: Literal["ar", "exact", "fly"] = "fly"
-    k: int | None = None
-    window: int = 6
-    entropy_threshold: float = 0.3
+    # request settings default as GenerationConfig's do (the adapters' own default is max_tokens)
+    mode: Literal["ar", "exact", "fly"] = GenerationConfig.mode
+    k: int | None = GenerationConfig.k
+    window: int = GenerationConfig.window
+    entropy_threshold: float = GenerationConfig.entropy_threshold
     min_prob_ratio: float = Field(
-        default=0.1, description="fly forgives a drafted token only if the target gives it this fraction of its "
-                                 "top token's probability (0: the paper's rule)")
-    exact_numbers: bool = Field(default=True, description="fly never forgives a drafted token holding a digit")
-    exact_code: bool = Field(default=True, description="fly verifies fenced code blocks exactly")
-    exact_opening: int = Field(default=16, description="fly verifies the reply's first N tokens exactly (0: off)")
-    ngram: bool = True
-    adaptive: bool = True
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
+        default=GenerationConfig.min_prob_ratio,
+        description="fly forgives a drafted token only if the target gives it this fraction of its top token's "
+                    "probability (0: the paper's rule)")
+    exact_numbers: bool = Field(default=GenerationConfig.exact_numbers,
+                                description="fly never forgives a drafted token holding a digit")
+    exact_code: bool = Field(default=GenerationConfig.exact_code,
+                             description="fly verifies fenced code blocks exactly")
+    exact_opening: int = Field(default=GenerationConfig.exact_opening,
+                               description="fly verifies the reply's first N tokens exactly (0: off)")
+    ngram: bool = GenerationConfig.ngram
+    adaptive: bool = GenerationConfig.adaptive
+    temperature: float = GenerationConfig.temperature
+    top_k: int = GenerationConfig.top_k
+    top_p: float = GenerationConfig.top_p
     max_tokens: int = 512
-    seed: int | None = None
+    seed: int | None = GenerationConfig.seed
     timeout: float | None = Field(
-        default=None, description="seconds one generation may run; it then ends with finish_reason 'timeout'"
-    )
+        default=GenerationConfig.timeout,
+        description="seconds one generation may run; it then ends with finish_reason 'timeout'")
     stop: list[str] | None = Field(default=None, description="stop strings for every request")
 
     def model_post_init(self, context: Any) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from fly_runtime.errors import InvalidSettingsError
+from fly_runtime.verify import FlyRule
 
 Mode = Literal["ar", "exact", "fly"]
 MODES: tuple[str, ...] = ("ar", "exact", "fly")
@@ -20,12 +21,13 @@ DEFAULT_K: dict[str, int] = {"ar": 0, "exact": 5, "fly": 8}
 class GenerationConfig:
     mode: Mode = "fly"
     k: int | None = None  # drafts per round; None = DEFAULT_K[mode]
-    window: int = 6
-    entropy_threshold: float = 0.3
-    entropy_top_k: int = 3
+    # FLy's rule, its defaults written once, in FlyRule
+    window: int = FlyRule.window
+    entropy_threshold: float = FlyRule.entropy_threshold
+    entropy_top_k: int = FlyRule.entropy_top_k
     # FLy forgives a drafted token only if the target gives it at least this fraction of its own top token's
     # probability (0 = the paper's rule, entropy gate and window only)
-    min_prob_ratio: float = 0.1
+    min_prob_ratio: float = FlyRule.min_prob_ratio
     ngram: bool = True  # prompt-lookup n-grams checked by the drafter before it drafts on its own
     adaptive: bool = True  # adapt K, stop unsure drafts, fall back to plain decoding (off when k is fixed)
     max_new_tokens: int = 256

@@ -9,6 +9,7 @@ from langchain_core.tools import tool
 from pydantic import BaseModel, Field
 
 from fly_integrations import FlyChatModel
+from fly_runtime.config import GenerationConfig
 from fly_runtime.errors import InvalidPromptError, InvalidSettingsError
 
 pytestmark = pytest.mark.real_model
@@ -40,6 +41,11 @@ def test_number_guard_is_on_by_default_and_can_be_lifted_per_model_or_call():
     request = FlyChatModel().reply_request([{"role": "user", "content": "2+2?"}], None, {"exact_numbers": False})
     assert FlyChatModel().generation_config().exact_numbers and not request.config(()).exact_numbers
     assert FlyChatModel(exact_numbers=False)._identifying_params["exact_numbers"] is False
+
+
+def test_adapter_defaults_are_the_library_defaults_but_for_the_reply_length():
+    model = FlyChatModel()
+    assert model.generation_config() == GenerationConfig(max_new_tokens=model.max_tokens)
 
 
 def test_opening_guard_defaults_to_16_tokens_and_can_be_changed_per_call():
