@@ -309,7 +309,8 @@ class FlyEngine:
             if self._digit_tokens is None:
                 self._digit_tokens = digit_token_mask(self.tokenizer, self.vocab_size)
             protected = self._digit_tokens
-        rule = FlyRule(config.window, config.entropy_threshold, config.entropy_top_k, config.min_prob_ratio)
+        rule = FlyRule(window=config.window, entropy_threshold=config.entropy_threshold,
+                       entropy_top_k=config.entropy_top_k, min_prob_ratio=config.min_prob_ratio)
         return Verification(rule, spans, protected, len(prompt) + config.exact_opening)
 
     def _clip(self, new: list[int], budget: int) -> tuple[list[int], bool]:
