@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from fly_runtime.chat import chat_encoder
 from fly_runtime.errors import InvalidPromptError
 from fly_integrations.tool_calls import CLOSE, OPEN
 
@@ -61,7 +62,8 @@ def render_prompt(
     tool_choice: str | None = None,
     json_schema: dict | None = None,
 ) -> Prompt:
-    """Token ids for the target, with tools rendered by the template and the reply steered as asked."""
+    """Token ids for the target, with tools rendered by the template and the reply steered as asked. Message
+    contents (and tool schemas) are encoded as text: a control-token spelling in them stays text."""
     check_messages(messages)
     tools = tools if tools and tool_choice != "none" else None
     names = [t["function"]["name"] for t in tools or []]
@@ -73,8 +75,7 @@ def render_prompt(
             instruction += " It must follow this JSON schema:\n" + json.dumps(json_schema, ensure_ascii=False)
         messages = _with_system_instruction(messages, instruction)
         prefill = "{"
-    text = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-    return Prompt(tokenizer.encode(text + prefill, add_special_tokens=False), prefill, stop)
+    return Prompt(chat_encoder(tokenizer).encode(messages, tools, suffix=prefill), prefill, stop)
 
 
 def _with_system_instruction(messages: list[dict], instruction: str) -> list[dict]:

@@ -3,6 +3,7 @@
 from fly_runtime.config import GenerationConfig
 from fly_runtime.engine import FlyEngine, GenerationResult, GenerationStats, GenerationStream
 from fly_runtime.errors import (
+    EngineBusyError,
     FlyError,
     IncompatibleModelsError,
     InvalidPromptError,
@@ -13,6 +14,7 @@ from fly_runtime.errors import (
 from fly_runtime.loader import ModelSettings, get_engine, load_engine
 
 __all__ = [
+    "EngineBusyError",
     "FlyEngine",
     "FlyError",
     "GenerationConfig",

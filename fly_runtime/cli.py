@@ -67,6 +67,7 @@ def _model_settings(args: argparse.Namespace):
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from fly_runtime.chat import chat_encoder, encode_chat
     from fly_runtime.loader import get_engine
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -77,9 +78,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
                    [{"role": "user", "content": prompt}]
-        prompt_ids = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        prompt_ids = encode_chat(engine.tokenizer, messages)  # the prompt's text never becomes role tokens
     else:
-        prompt_ids = engine.tokenizer.encode(prompt)
+        prompt_ids = chat_encoder(engine.tokenizer).encode_text(prompt)
     stream = engine.stream(prompt_ids, config)
     for piece in stream:
         if not args.json:

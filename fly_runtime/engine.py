@@ -21,7 +21,7 @@ from fly_runtime.adaptive import DeferredRead, DraftPolicy, DraftShape
 from fly_runtime.backends.base import CachedSequence
 from fly_runtime.config import CODE_FENCE, GenerationConfig
 from fly_runtime.drafters import Draft, Drafter
-from fly_runtime.errors import InvalidPromptError, InvalidSettingsError
+from fly_runtime.errors import EngineBusyError, InvalidPromptError, InvalidSettingsError
 from fly_runtime.numbers import digit_token_mask
 from fly_runtime.sampling import Sampler
 from fly_runtime.spans import ExactSpans
@@ -154,6 +154,7 @@ class FlyEngine:
         # its confidence 40% dearer here (22.5 ms against 16; 15.2 with one torch thread)
         self.host_threads = host_threads
         self._lock = threading.Lock()
+        self._holder: int | None = None  # the thread whose request holds the lock (a stream may sit open there)
         self._plain_step_seconds: float | None = None  # measured cost of one plain target step
         self._prefill_seconds_per_token: float | None = None  # measured cost of the target reading a prompt
         self._read_share: float | None = None  # measured drafter prompt read / target prefill, per token
@@ -161,6 +162,7 @@ class FlyEngine:
 
     # ----------------------------------------------------------------------------------------------- API
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig) -> GenerationStream:
+        self._check_not_holding()
         prompt = self._check_prompt(prompt_ids, config)
         if config.mode != "ar" and self.drafter is None:
             raise InvalidSettingsError(f"mode {config.mode!r} needs a drafter; load one or use mode='ar'")
@@ -176,7 +178,7 @@ class FlyEngine:
     @contextmanager
     def exclusive(self) -> Iterator[None]:
         """Hold the engine between requests (to measure or probe its models directly), with empty caches."""
-        with self._lock, _torch_threads(self.host_threads):
+        with self._hold(), _torch_threads(self.host_threads):
             self._reset_caches()
             try:
                 yield
@@ -185,8 +187,27 @@ class FlyEngine:
 
     def clear_cache(self) -> None:
         """Drop what finished requests left in the KV caches: the next request reads its whole prompt."""
-        with self._lock:
+        with self._hold():
             self._reset_caches()
+
+    @contextmanager
+    def _hold(self) -> Iterator[None]:
+        """The engine's lock. Other threads wait for it; the thread already holding it (a stream it opened and
+        has not finished or closed) gets an error, since it would wait for itself forever."""
+        self._check_not_holding()
+        with self._lock:
+            self._holder = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._holder = None
+
+    def _check_not_holding(self) -> None:
+        if self._holder == threading.get_ident():
+            raise EngineBusyError(
+                "this thread has a generation stream open on the same model, and the engine serves one request "
+                "at a time: finish or close that stream (stream.close(), or leave its for loop) before starting "
+                "another request, or make the second request from another thread")
 
     def _reset_caches(self) -> None:
         self.target.reset()
@@ -210,7 +231,7 @@ class FlyEngine:
 
     # ------------------------------------------------------------------------------------------- the loop
     def _run(self, stream: GenerationStream, prompt: list[int], config: GenerationConfig) -> Iterator[str]:
-        with self._lock, _torch_threads(self.host_threads):
+        with self._hold(), _torch_threads(self.host_threads):
             start = time.perf_counter()
             generator = torch.Generator().manual_seed(config.seed if config.seed is not None else
                                                        int(torch.randint(0, 2**62, ()).item()))

@@ -27,3 +27,7 @@ class ModelIntegrityError(FlyError):
 
 class IncompatibleModelsError(FlyError, ValueError):
     """The drafter and the target do not share a tokenizer, so draft ids mean nothing to the target."""
+
+
+class EngineBusyError(FlyError, RuntimeError):
+    """This thread asked the engine for a request while it holds one of its streams open: waiting would never end."""

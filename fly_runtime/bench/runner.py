@@ -13,6 +13,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from fly_runtime.bench.suites import SCORERS, Task
+from fly_runtime.chat import encode_chat
 from fly_runtime.config import GenerationConfig
 from fly_runtime.engine import FlyEngine
 
@@ -102,7 +103,7 @@ def run_benchmark(
 ) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     scorer = SCORERS.get(suite)
-    encode = lambda task: engine.tokenizer.apply_chat_template(task.messages, add_generation_prompt=True)  # noqa: E731
+    encode = lambda task: encode_chat(engine.tokenizer, task.messages)  # noqa: E731
 
     def run(spec: ModeSpec, ids: list[int]) -> dict:
         if spec.mode == HF_ASSISTED:
