@@ -28,7 +28,7 @@ from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, SecretStr
 
 from fly_integrations.params import OVERRIDABLE, FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
@@ -45,13 +45,16 @@ class FlyChatModel(FlyParams, BaseChatModel):
     target / draft / backend / device.
     """
 
-    model_config = ConfigDict(populate_by_name=True, protected_namespaces=())
+    # an unknown keyword is an error, not silently dropped (FlyChatModel(modle=...) would load the default pair)
+    model_config = ConfigDict(populate_by_name=True, protected_namespaces=(), extra="forbid")
 
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
     max_retries: int = Field(
         default=0, description="accepted for drop-in compatibility with API models; local calls are not retried"
     )
+    api_key: SecretStr | None = Field(
+        default=None, description="accepted for drop-in compatibility with API models; a local model needs none")
 
     @property
     def _llm_type(self) -> str:
@@ -60,7 +63,7 @@ class FlyChatModel(FlyParams, BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         # the models, and every setting a call may override (which is every setting that shapes the output)
-        return {name: getattr(self, name) for name in ("target", "draft", "backend", *OVERRIDABLE)}
+        return {name: getattr(self, name) for name in ("target", "draft", "backend", "precision", *OVERRIDABLE)}
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(

@@ -22,7 +22,7 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools import BaseTool
-from pydantic import PrivateAttr
+from pydantic import ConfigDict, PrivateAttr
 
 from fly_integrations.params import FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
@@ -36,6 +36,8 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
 
     Shares loaded weights with every ``FlyChatModel`` / ``FlyLLM`` that has the same model settings.
     """
+
+    model_config = ConfigDict(extra="forbid")  # an unknown keyword is an error, not silently dropped
 
     _metadata: LLMMetadata | None = PrivateAttr(default=None)
 
@@ -78,17 +80,27 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=item.content, additional_kwargs=extra),
             delta="",
-            raw={"fly": fly},
+            # "usage" as OpenAI names it: LlamaIndex's TokenCountingHandler reads it
+            raw={"fly": fly, "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens,
+                                       "total_tokens": s.prompt_tokens + s.new_tokens}},
             additional_kwargs={"fly": fly},
         )
 
+    # Each public method is decorated once and calls an undecorated implementation, so one call is one callback
+    # event: completion through a decorated chat would count its tokens twice in TokenCountingHandler.
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return self._chat(messages, kwargs)
+
+    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
         done = reply(self._request(messages, kwargs))
         return self._response(done, done.content)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        return self._stream_chat(messages, kwargs)
+
+    def _stream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
         request = self._request(messages, kwargs)
 
         def gen() -> ChatResponseGen:
@@ -105,14 +117,20 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return await self._achat(messages, kwargs)
+
+    async def _achat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
         response = None
-        async for response in await self.astream_chat(messages, **kwargs):
+        async for response in self._astream_chat(messages, kwargs):
             pass
         assert response is not None
         return response
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        return self._astream_chat(messages, kwargs)
+
+    def _astream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseAsyncGen:
         request = self._request(messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
@@ -135,22 +153,22 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return _to_completion(self.chat(self._as_messages(prompt, formatted), **kwargs))
+        return _to_completion(self._chat(self._as_messages(prompt, formatted), kwargs))
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        responses = self.stream_chat(self._as_messages(prompt, formatted), **kwargs)
+        responses = self._stream_chat(self._as_messages(prompt, formatted), kwargs)
         return (_to_completion(r) for r in responses)
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return _to_completion(await self.achat(self._as_messages(prompt, formatted), **kwargs))
+        return _to_completion(await self._achat(self._as_messages(prompt, formatted), kwargs))
 
     @llm_completion_callback()
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
-        responses = await self.astream_chat(self._as_messages(prompt, formatted), **kwargs)
+        responses = self._astream_chat(self._as_messages(prompt, formatted), kwargs)
 
         async def gen() -> CompletionResponseAsyncGen:
             async for response in responses:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 
 from fly_integrations.replies import ReplyRequest
 from fly_runtime import FlyEngine, GenerationConfig, ModelSettings, get_engine
@@ -12,14 +12,20 @@ from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 
 # per-call keyword arguments that override a field for one request
 OVERRIDABLE = ("mode", "k", "window", "entropy_threshold", "min_prob_ratio", "exact_numbers", "exact_code",
-               "exact_opening", "ngram", "adaptive", "temperature", "top_k", "top_p", "seed", "max_tokens")
+               "exact_opening", "ngram", "adaptive", "temperature", "top_k", "top_p", "seed", "warn_prompt_tokens",
+               "max_tokens")
 
 
 class FlyParams(BaseModel):
-    target: str = Field(default=DEFAULT_TARGET, description="target model: built-in name, dir, .gguf or Hub id")
-    draft: str | None = Field(default=DEFAULT_DRAFT, description="drafter (same tokenizer); None = n-grams only")
+    # `model` (and LlamaIndex's `model_name`) as every chat model names it; `draft_model` likewise
+    target: str = Field(default=DEFAULT_TARGET, validation_alias=AliasChoices("target", "model", "model_name"),
+                        description="target model: built-in name, dir, .gguf or Hub id")
+    draft: str | None = Field(default=DEFAULT_DRAFT, validation_alias=AliasChoices("draft", "draft_model"),
+                              description="drafter (same tokenizer); None = n-grams only")
     backend: Literal["auto", "torch", "onnx"] = "auto"
     device: str | None = None
+    precision: Literal["auto", "fp32", "int8", "int4"] = Field(
+        default="auto", description="the target's weights on ONNX Runtime (auto: measured fastest on this machine)")
     # request settings default as GenerationConfig's do (the adapters' own default is max_tokens)
     mode: Literal["ar", "exact", "fly"] = GenerationConfig.mode
     k: int | None = GenerationConfig.k
@@ -41,6 +47,8 @@ class FlyParams(BaseModel):
     top_k: int = GenerationConfig.top_k
     top_p: float = GenerationConfig.top_p
     max_tokens: int = 512
+    warn_prompt_tokens: int = Field(default=GenerationConfig.warn_prompt_tokens,
+                                    description="warn before reading a prompt longer than this (0: never)")
     seed: int | None = GenerationConfig.seed
     timeout: float | None = Field(
         default=GenerationConfig.timeout,
@@ -55,7 +63,7 @@ class FlyParams(BaseModel):
 
     def model_settings(self, target: str | None = None) -> ModelSettings:
         return ModelSettings(target=target or self.target, draft=self.draft, backend=self.backend,
-                             device=self.device)
+                             device=self.device, precision=self.precision)
 
     def engine(self, target: str | None = None) -> FlyEngine:
         """The process-wide engine for these model settings (loaded on first use, shared by all instances).

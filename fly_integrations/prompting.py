@@ -36,8 +36,8 @@ def check_messages(messages: list[dict]) -> None:
                 f"message {i} content must be text, got {type(message['content']).__name__}: "
                 "this model reads text only (no images, audio or files)"
             )
-    if not any(m.get("content") or m.get("tool_calls") for m in messages):
-        raise InvalidPromptError("every message is empty: give the model something to answer")
+    if not any((m.get("content") or "").strip() or m.get("tool_calls") for m in messages):
+        raise InvalidPromptError("every message is empty or whitespace: give the model something to answer")
 
 
 def tool_choice_prefill(tool_choice: str | None, tool_names: list[str]) -> str:

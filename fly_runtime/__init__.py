@@ -3,8 +3,10 @@
 from fly_runtime.config import GenerationConfig
 from fly_runtime.engine import FlyEngine, GenerationResult, GenerationStats, GenerationStream
 from fly_runtime.errors import (
+    CacheError,
     EngineBusyError,
     FlyError,
+    FlyWarning,
     IncompatibleModelsError,
     InvalidPromptError,
     InvalidSettingsError,
@@ -14,9 +16,11 @@ from fly_runtime.errors import (
 from fly_runtime.loader import ModelSettings, get_engine, load_engine
 
 __all__ = [
+    "CacheError",
     "EngineBusyError",
     "FlyEngine",
     "FlyError",
+    "FlyWarning",
     "GenerationConfig",
     "GenerationResult",
     "GenerationStats",

@@ -155,6 +155,66 @@ class ForgivenessRoom:
         return self.rounds >= self.MIN_ROUNDS and short_tokens / short_seconds > self.MARGIN * tokens / seconds
 
 
+@dataclass(frozen=True)
+class CostProfile:
+    """The engine's measured prices, in seconds: a one-token target step, each further token of a target
+    pass (what verifying one more draft adds), and one drafter token (0 for prompt lookup)."""
+
+    step: float
+    row: float
+    draft: float
+
+    # a drafter agreeing with the target this often is the best case: model drafting must beat plain decoding
+    # there by PAY_MARGIN to be tried at all
+    OPTIMISTIC_SURVIVAL = 0.9
+    PAY_MARGIN = 1.1
+
+    def round_seconds(self, k: np.ndarray, by_model: bool) -> np.ndarray:
+        return (k * self.draft if by_model else 0.0) + self.step + k * self.row
+
+    def best_speedup(self, survival: float, by_model: bool) -> float:
+        """Tokens per second of the best K-token round over those of plain steps, at a per-token survival."""
+        k = np.arange(1, K_MAX + 1)
+        kept = np.cumsum(survival ** k)
+        return float(np.max((1 + kept) / self.round_seconds(k, by_model)) * self.step)
+
+    def model_drafts_pay(self) -> bool:
+        return self.best_speedup(self.OPTIMISTIC_SURVIVAL, by_model=True) >= self.PAY_MARGIN
+
+
+class LookupGate:
+    """How much of a prompt-lookup proposal to verify: the length whose expected tokens per second beat a
+    plain step most, from the request's own lookup survival, or none (decode plainly). Verification is not
+    free on a CPU target (each drafted token adds a row to the target pass), so a lookup that usually misses
+    loses to plain decoding. After ``PROBE_EVERY`` proposals skipped it verifies one token again, since a
+    reply can turn to copying its prompt later."""
+
+    PROBE_EVERY = 16
+
+    def __init__(self, costs: CostProfile | None, prior_p: float, memory: float) -> None:
+        self.costs = costs
+        self.survival = Survival(prior_p, memory)
+        self._skipped = 0
+
+    def length(self, proposed: int) -> int:
+        if self.costs is None or proposed == 0:
+            return proposed
+        k = np.arange(1, proposed + 1)
+        rates = (1 + self.survival.expected_kept()[:proposed]) / self.costs.round_seconds(k, by_model=False)
+        best = int(np.argmax(rates))
+        if rates[best] * self.costs.step > 1.0:
+            return best + 1
+        self._skipped += 1
+        if self._skipped >= self.PROBE_EVERY:
+            self._skipped = 0
+            return 1
+        return 0
+
+    def record(self, kept: int, drafted: int) -> None:
+        if drafted:
+            self.survival.record(kept, drafted)
+
+
 class DraftPolicy:
     MAX_CONFIDENCE_FLOOR = 0.05
     # rounds of speculation judged together against plain decoding, and by how much they must lose. Kept tokens
@@ -167,7 +227,8 @@ class DraftPolicy:
     PRIOR_P = 0.75  # starting guess for the survival probability, worth one round of evidence
     MEMORY = 0.9  # per round, older evidence fades by this factor: a request turns from code to prose
 
-    def __init__(self, config: GenerationConfig, plain_step_seconds: float | None) -> None:
+    def __init__(self, config: GenerationConfig, plain_step_seconds: float | None,
+                 costs: CostProfile | None = None) -> None:
         # the choices below follow measured times, so they differ run to run; a seeded sampling request
         # must repeat exactly, so it keeps the fixed schedule (greedy output does not depend on it)
         seeded_sampling = config.temperature > 0 and config.seed is not None
@@ -203,6 +264,11 @@ class DraftPolicy:
         self.plain_steps = 0
         self.rounds = 0
         self.drafted_k_total = 0
+        # where even a drafter that nearly always agrees could not beat plain steps at the engine's measured
+        # prices (a fast quantised target beside a drafter a third of its cost), the request never drafts with
+        # the model: it verifies prompt-lookup proposals where they pay and decodes plainly elsewhere
+        self.model_drafts = not (self.adaptive and costs is not None and not costs.model_drafts_pay())
+        self.lookup = LookupGate(costs if self.adaptive else None, self.PRIOR_P, self.MEMORY)
 
     def next_is_plain(self) -> bool:
         """Decode this step plainly? Also used once per engine to measure a plain step when none is known."""

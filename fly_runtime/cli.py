@@ -19,11 +19,14 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["auto", "torch", "onnx"], default="auto",
                         help="auto: ONNX Runtime on CPU, PyTorch on CUDA")
     parser.add_argument("--device", default=None, help="PyTorch device (cpu, cuda, cuda:1)")
+    parser.add_argument("--precision", choices=["auto", "fp32", "int8", "int4"], default="auto",
+                        help="the target's weights on ONNX Runtime (auto: measured fastest on this machine)")
 
 
 # the GenerationConfig fields the command line sets, each as --field-name (defaults from GenerationConfig)
 DECODING_FIELDS = ("k", "window", "entropy_threshold", "min_prob_ratio", "exact_numbers", "exact_code",
-                   "exact_opening", "ngram", "adaptive", "max_new_tokens", "temperature", "top_k", "top_p", "seed")
+                   "exact_opening", "ngram", "adaptive", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
+                   "warn_prompt_tokens")
 
 
 def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +55,8 @@ def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=defaults.top_k)
     parser.add_argument("--top-p", type=float, default=defaults.top_p)
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--warn-prompt-tokens", type=int, default=defaults.warn_prompt_tokens,
+                        help="warn before reading a prompt longer than this many tokens (0: never)")
 
 
 def _config(args: argparse.Namespace, **extra) -> GenerationConfig:
@@ -63,7 +68,11 @@ def _model_settings(args: argparse.Namespace):
     from fly_runtime.loader import ModelSettings
 
     draft = None if args.draft.lower() == "none" else args.draft
-    return ModelSettings(target=args.target, draft=draft, backend=args.backend, device=args.device)
+    return ModelSettings(target=args.target, draft=draft, backend=args.backend, device=args.device,
+                         precision=args.precision)
+
+
+LONG_PROMPT = 1024  # tokens: the CLI says it is reading a prompt longer than this (seconds on a CPU)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -71,7 +80,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from fly_runtime.loader import get_engine
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    config = _config(args, stop=tuple(args.stop or ()))  # settings are checked before any model loads
+    config = _config(args, stop=tuple(args.stop or ()), timeout=args.timeout)  # checked before any model loads
     if not prompt.strip():
         raise FlyError("the prompt is empty: pass some text (or '-' to read it from stdin)")
     engine = get_engine(_model_settings(args))
@@ -81,6 +90,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt_ids = encode_chat(engine.tokenizer, messages)  # the prompt's text never becomes role tokens
     else:
         prompt_ids = chat_encoder(engine.tokenizer).encode_text(prompt)
+    if len(prompt_ids) > LONG_PROMPT and not args.json:
+        # the read runs in chunks: Ctrl-C and --timeout take effect within one of them
+        print(f"fly: reading the {len(prompt_ids):,}-token prompt ...", file=sys.stderr, flush=True)
     stream = engine.stream(prompt_ids, config)
     for piece in stream:
         if not args.json:
@@ -102,9 +114,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from dataclasses import replace
     from pathlib import Path
 
-    from fly_runtime.bench.runner import HF_ASSISTED, HfAssisted, ModeSpec, run_benchmark
+    from fly_runtime.bench.runner import HF_ASSISTED, LLAMA_CPP, HfAssisted, LlamaCpp, ModeSpec, run_benchmark
     from fly_runtime.bench.suites import default_data_dir, load_tasks
     from fly_runtime.loader import get_engine
     from fly_runtime.sources import resolve_model
@@ -112,8 +125,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     modes = [ModeSpec.parse(m.strip()) for m in args.modes.split(",") if m.strip()]
     base = _config(args)
     for spec in modes:  # every mode's settings are checked before anything loads
-        if spec.mode != HF_ASSISTED:
-            GenerationConfig(**{**base.__dict__, "mode": spec.mode, "k": spec.k})
+        if spec.mode not in (HF_ASSISTED, LLAMA_CPP):
+            replace(base, mode=spec.mode, k=spec.k)  # validates, as construction does
     if args.skip < 0:
         raise FlyError(f"--skip must be >= 0, got {args.skip}")
     tasks = load_tasks(args.suite, Path(args.data) if args.data else default_data_dir(), args.limit,
@@ -127,52 +140,74 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if settings.draft is None:
             raise FlyError("hf-assisted needs a draft model")
         hf = HfAssisted(resolve_model(settings.target).hf_dir, resolve_model(settings.draft).hf_dir)
+    llama = None
+    if any(spec.mode == LLAMA_CPP for spec in modes):
+        gguf = resolve_model(settings.target).gguf
+        if gguf is None:
+            raise FlyError("llama-cpp runs the target's GGUF: pass a built-in model or a .gguf file as --target")
+        llama = LlamaCpp(gguf)
+    engines = {spec.precision: get_engine(replace(settings, precision=spec.precision))
+               for spec in modes if spec.precision}
     described = {"target": settings.target, "draft": settings.draft, "backend": engine.target.backend.name,
                  **{name: getattr(base, name) for name in DECODING_FIELDS if name not in ("max_new_tokens", "seed")}}
-    run_benchmark(engine, tasks, modes, base, args.suite, Path(args.out), hf, described)
+    run_benchmark(engine, tasks, modes, base, args.suite, Path(args.out), hf, described, llama, engines)
     print((Path(args.out) / "summary.md").read_text())
     return 0
 
 
 def cmd_models(args: argparse.Namespace) -> int:
     from fly_runtime.sources import BUILTIN_MODELS, BUILTIN_PAIRS, DEFAULT_PAIR, cache_dir, resolve_model
-    from fly_runtime.sources.builtin import gguf_path
+    from fly_runtime.sources.builtin import gguf_path, is_verified
 
     if args.action == "list":
         print(f"cache: {cache_dir()}")
         for name, spec in BUILTIN_MODELS.items():
-            state = "fetched" if gguf_path(spec).is_file() else "not fetched"
+            path = gguf_path(spec)
+            # a file whose size or marker does not match is re-checked (or fetched anew) on its next load
+            state = "fetched" if is_verified(spec, path) else "to verify" if path.exists() else "not fetched"
             print(f"  {name:32} {spec.size / 1e9:5.2f} GB  {state:11}  {spec.description}")
         for name, (target, draft) in BUILTIN_PAIRS.items():
             default = " (default)" if name == DEFAULT_PAIR else ""
             print(f"  pair {name}: target {target}, draft {draft}{default}")
+        from fly_runtime.tuning import describe, load_records, machine_id
+
+        print(f"machine: {machine_id()}")
+        for key, record in load_records().items():
+            if key.startswith(machine_id() + "|"):
+                print(f"  {record['model']}: target precision {record['precision']} (auto; "
+                      f"{describe(record['ms'])}; {record['date']})")
         return 0
-    for name, int4 in _fetch_plan(args.names or [DEFAULT_PAIR], BUILTIN_PAIRS, args.int4):
+    for name, precision in _fetch_plan(args.names or [DEFAULT_PAIR], BUILTIN_PAIRS, args.precision):
         model = resolve_model(name)
         if args.action == "path":
             print(model.hf_dir)
             continue
         line = f"{name}: {model.hf_dir}"
         if args.onnx:
-            line += f", ONNX {'int4' if int4 else 'fp32'} {model.onnx_dir(int4=int4)}"
+            if precision == "auto":
+                from fly_runtime.tuning import choose_precision
+
+                precision = choose_precision(model)
+            line += f", ONNX {precision} {model.onnx_dir(precision)}"
         print(line)
     return 0
 
 
-def _fetch_plan(names: list[str], pairs: dict[str, tuple[str, str]], int4: bool) -> list[tuple[str, bool]]:
-    """(model, int4 graph?) for each name; a pair is its fp32 target and its int4 drafter."""
-    plan: list[tuple[str, bool]] = []
+def _fetch_plan(names: list[str], pairs: dict[str, tuple[str, str]], precision: str) -> list[tuple[str, str]]:
+    """(model, graph precision) for each name; a pair is its target (at ``precision``) and its int4 drafter."""
+    plan: list[tuple[str, str]] = []
     for name in names:
         if name in pairs:
             target, draft = pairs[name]
-            plan += [(target, False), (draft, True)]
+            plan += [(target, precision), (draft, "int4")]
         else:
-            plan.append((name, int4))
+            plan.append((name, precision))
     return plan
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fly", description="FLy loosely speculative decoding for local LLMs")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="generate a reply (streamed) with the FLy engine")
@@ -181,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_args(gen)
     gen.add_argument("--stop", action="append", help="stop string (repeatable); may span several tokens")
     gen.add_argument("--system", default=None, help="system message (chat mode)")
+    gen.add_argument("--timeout", type=float, default=None,
+                     help="seconds the generation may run, prompt read included; it then ends (finish 'timeout')")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     gen.add_argument("--chat", dest="chat", action="store_true", default=True, help="apply the chat template")
     gen.add_argument("--raw", dest="chat", action="store_false", help="feed the prompt as plain text")
@@ -197,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="leave out the first N prompts (with --limit: one shard of a long run)")
     bench.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
     bench.add_argument("--modes", default="ar,exact,fly",
-                       help="comma-separated: ar, exact, fly, hf-assisted; ':kN' fixes K (e.g. fly:k10)")
+                       help="comma-separated: ar, exact, fly, hf-assisted, llama-cpp (llama.cpp on the target's GGUF); "
+                            "':kN' fixes K (fly:k10), ':int4' / ':int8' / ':fp32' sets the target's precision (ar:int4)")
     bench.add_argument("--data", default=None, help="folder with the benchmark files (default: ../shared/data)")
     bench.add_argument("--out", required=True, help="output folder")
     bench.set_defaults(func=cmd_bench)
@@ -206,8 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("action", choices=["list", "fetch", "path"])
     models.add_argument("names", nargs="*", help="built-in model or pair names, dirs, .gguf files, Hub ids")
     models.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True,
-                        help="with fetch: also export to ONNX Runtime (a pair: fp32 target, int4 drafter)")
-    models.add_argument("--int4", action="store_true", help="with fetch --onnx of a single model: int4 graph")
+                        help="with fetch: also build ONNX Runtime graphs (a pair: its target, timed once per "
+                             "machine for --precision auto, and its int4 drafter)")
+    models.add_argument("--precision", choices=["auto", "fp32", "int8", "int4"], default="auto",
+                        help="with fetch --onnx: the graph precision (auto: time the candidates on this machine)")
     models.set_defaults(func=cmd_models)
     return parser
 
@@ -217,10 +257,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except FlyError as exc:
+        if args.debug:
+            raise
         print(f"fly: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a fault of fly's own, or of a library under it: one line unless asked for more
+        if args.debug:
+            raise
+        print(f"fly: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback, and please "
+              "report it)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ class GenerationConfig:
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     timeout: float | None = None  # seconds a request may run; it then ends with finish_reason "timeout"
+    # a prompt longer than this (tokens the target must read, past its cache) is announced with a warning:
+    # a CPU reads ~100 tokens a second, so 200 bound tools (14k tokens) take minutes; 0 = never warn
+    warn_prompt_tokens: int = 4096
     # (opening, closing) text markers of output spans that FLy verifies exactly, e.g. a tool call's JSON
     exact_spans: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     # FLy never forgives a drafted token when it or the target's token holds a digit: a different number is a
@@ -80,14 +83,18 @@ class GenerationConfig:
             raise InvalidSettingsError(f"min_prob_ratio must be in [0, 1] (0 = off), got {self.min_prob_ratio}")
         if self.entropy_top_k < 1:
             raise InvalidSettingsError(f"entropy_top_k must be >= 1, got {self.entropy_top_k}")
-        if not self.temperature >= 0:
-            raise InvalidSettingsError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 <= self.temperature < float("inf"):
+            raise InvalidSettingsError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}")
         if self.top_k < 0:
             raise InvalidSettingsError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise InvalidSettingsError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise InvalidSettingsError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
+            raise InvalidSettingsError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
+        if self.warn_prompt_tokens < 0:
+            raise InvalidSettingsError(f"warn_prompt_tokens must be >= 0 (0 = never warn), got {self.warn_prompt_tokens}")
         if self.timeout is not None and not self.timeout > 0:
             raise InvalidSettingsError(f"timeout must be > 0 seconds (or None), got {self.timeout}")
         for s in self.stop:

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-from fly_runtime.adaptive import DeferredRead, DraftPolicy, DraftShape
+from fly_runtime.adaptive import CostProfile, DeferredRead, DraftPolicy, DraftShape
 from fly_runtime.backends.base import CachedSequence
 from fly_runtime.config import CODE_FENCE, GenerationConfig
 from fly_runtime.drafters import Draft, Drafter
-from fly_runtime.errors import EngineBusyError, InvalidPromptError, InvalidSettingsError
+from fly_runtime.errors import EngineBusyError, FlyWarning, InvalidPromptError, InvalidSettingsError
 from fly_runtime.numbers import digit_token_mask
 from fly_runtime.sampling import Sampler
 from fly_runtime.spans import ExactSpans
@@ -159,6 +160,7 @@ class FlyEngine:
         self._prefill_seconds_per_token: float | None = None  # measured cost of the target reading a prompt
         self._read_share: float | None = None  # measured drafter prompt read / target prefill, per token
         self._digit_tokens: torch.Tensor | None = None  # built on the first FLy request that protects numbers
+        self._costs: CostProfile | None = None  # measured on the first speculative request
 
     # ----------------------------------------------------------------------------------------------- API
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig) -> GenerationStream:
@@ -233,12 +235,14 @@ class FlyEngine:
     def _run(self, stream: GenerationStream, prompt: list[int], config: GenerationConfig) -> Iterator[str]:
         with self._hold(), _torch_threads(self.host_threads):
             start = time.perf_counter()
+            if config.mode != "ar" and self._costs is None:
+                self._costs = self._measure_costs()  # once per engine (a few passes); the timeout counts it
             generator = torch.Generator().manual_seed(config.seed if config.seed is not None else
                                                        int(torch.randint(0, 2**62, ()).item()))
             sampler = Sampler(config.temperature, config.top_k, config.top_p, generator)
             checks = self._verification(config, prompt)
             stats = GenerationStats(prompt_tokens=len(prompt))
-            policy = DraftPolicy(config, self._plain_step_seconds) if config.mode != "ar" else None
+            policy = DraftPolicy(config, self._plain_step_seconds, self._costs) if config.mode != "ar" else None
             text = StopTextStream(self.tokenizer, config.stop)
             committed: list[int] = []
             finish = "length"
@@ -249,18 +253,23 @@ class FlyEngine:
                 unread = self.target.pending(prompt)  # what the previous request left cached is kept
                 stats.cached_tokens = len(prompt) - len(unread)
                 prefill_start = time.perf_counter()
-                logits = self.target.extend(unread, keep=1)
-                self._learn_prefill(len(unread), time.perf_counter() - prefill_start)
+                deadline = None if config.timeout is None else start + config.timeout
+                if 0 < config.warn_prompt_tokens < len(unread):
+                    self._warn_long_read(len(unread))
+                logits = self._read_prompt(unread, deadline)
+                read = len(self.target) - stats.cached_tokens  # less than unread where the timeout cut it short
+                if read:
+                    self._learn_prefill(read, time.perf_counter() - prefill_start)
                 stats.target_forwards += 1
                 drafter = self.ngram_drafter if config.ngram else self.drafter
                 # an adaptive request lets the model drafter read the prompt only once that is likely to pay
                 deferral = None
-                if policy is not None and policy.adaptive and self.lookup_drafter is not None:
-                    assert self._prefill_seconds_per_token is not None
+                if policy is not None and policy.adaptive and self.lookup_drafter is not None and \
+                        self._prefill_seconds_per_token is not None:  # None only where no token was read
                     deferral = DeferredRead(self._read_share, self._prefill_seconds_per_token)
                 lookup = self.lookup_drafter if config.ngram else None
-                token, _ = sampler.pick(logits[0, : self.vocab_size])
-                new = [token]
+                # a prompt read cut short by the timeout yields no token: the loop's first check ends the request
+                new = [sampler.pick(logits[0, : self.vocab_size])[0]] if logits is not None else []
                 while True:
                     new, ended = self._clip(new, config.max_new_tokens - len(committed))
                     committed.extend(new)
@@ -282,8 +291,9 @@ class FlyEngine:
                     step_start = time.perf_counter()
                     if policy is None or policy.next_is_plain() or remaining <= 1:
                         new = self._plain_step(committed[-1], sampler, stats, policy)
-                    elif deferral is not None and not deferral.due(drafter.unread(context), policy.plain_step_seconds,
-                                                                   remaining):
+                    elif not policy.model_drafts or (
+                            deferral is not None and not deferral.due(drafter.unread(context), policy.plain_step_seconds,
+                                                                      remaining)):
                         new = self._lookup_step(lookup, context, remaining, sampler, checks, stats, policy)
                     else:
                         # counted only while the read is still to be priced: a scan of the context, not per round
@@ -313,6 +323,65 @@ class FlyEngine:
                 stats.k = policy.mean_k
                 stats.plain_steps = policy.plain_steps
             stream.result = GenerationResult(text.released, list(text.token_ids), finish, stats)
+
+    def _measure_costs(self, context: int = 32, repeats: int = 3) -> CostProfile:
+        """Time a one-token target step, a nine-token target pass and the drafter's tokens (caches are dropped
+        before and after), for the policy's decision whether model drafts can pay at all."""
+        filler = [self.tokenizer.encode(" the", add_special_tokens=False)[0]] * context
+
+        def median(run) -> float:
+            samples = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                run()
+                samples.append(time.perf_counter() - start)
+            return sorted(samples)[len(samples) // 2]
+
+        self._reset_caches()
+        try:
+            self.target.extend(filler, keep=1)
+
+            def target_pass(n: int) -> None:
+                self.target.extend(filler[:n])
+                self.target.crop(context)
+
+            step, nine = median(lambda: target_pass(1)), median(lambda: target_pass(9))
+            assert self.drafter is not None
+            self.drafter.catch_up(filler)
+            greedy = Sampler(0.0, 0, 1.0, torch.Generator())
+            drafted: list[Draft] = []
+
+            def draft_four() -> None:
+                drafted.append(self.drafter.propose(filler, DraftShape(4, 0.0, 0), greedy))
+                self.drafter.commit(filler)
+
+            seconds = median(draft_four)
+            forwards = drafted[-1].forwards  # 0 where the drafter is prompt lookup itself
+            draft_token = seconds / forwards if forwards else 0.0
+        finally:
+            self._reset_caches()
+        return CostProfile(step=step, row=max(0.0, nine - step) / 8, draft=draft_token)
+
+    PROMPT_CHUNK = 128  # tokens per target pass while reading a prompt (~2 s on 2 cores at fp32)
+
+    def _warn_long_read(self, tokens: int) -> None:
+        rate = self._prefill_seconds_per_token
+        estimate = f", about {tokens * rate:.0f} s at this machine's measured rate" if rate else ""
+        warnings.warn(f"fly: reading a {tokens:,}-token prompt{estimate}; a timeout or Ctrl-C stops it within "
+                      f"{self.PROMPT_CHUNK} tokens (warn_prompt_tokens sets when this is said)", FlyWarning,
+                      stacklevel=2)
+
+    def _read_prompt(self, ids: list[int], deadline: float | None) -> torch.Tensor | None:
+        """Feed the prompt in chunks, so that a timeout (and Ctrl-C, which waits for the running pass) takes
+        effect within one chunk instead of after the whole read; None where the deadline passed first."""
+        done = 0
+        while True:
+            if deadline is not None and time.perf_counter() > deadline:
+                return None
+            if len(ids) - done <= self.PROMPT_CHUNK:
+                return self.target.extend(ids[done:], keep=1)
+            self.target.extend(ids[done:done + self.PROMPT_CHUNK], keep=1)
+            done += self.PROMPT_CHUNK
 
     def _learn_prefill(self, tokens: int, seconds: float) -> None:
         """Keep the target's per-token prompt-reading cost, which prices the drafter's read. A prompt read
@@ -366,11 +435,17 @@ class FlyEngine:
     ) -> list[int]:
         """A round drafted by prompt lookup alone, or a plain step where lookup finds nothing (or is off)."""
         draft = lookup.propose(context, DraftShape(remaining - 1, 0.0, 0), sampler) if lookup else Draft()
-        if not draft.token_ids:
+        keep = policy.lookup.length(len(draft.token_ids))  # the part worth a target row each
+        if not keep:
             return self._plain_step(context[-1], sampler, stats, policy)
         assert lookup is not None
+        if keep < len(draft.token_ids):
+            probs = draft.probs[:keep] if draft.probs is not None else None
+            draft = Draft(draft.token_ids[:keep], probs, draft.forwards)
         stats.lookup_rounds += 1
-        return self._verify(lookup, draft, context, sampler, checks, stats)[0]
+        new, verdict = self._verify(lookup, draft, context, sampler, checks, stats)
+        policy.lookup.record(verdict.accepted, keep)
+        return new
 
     def _drafted_step(
         self,

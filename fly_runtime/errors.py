@@ -21,6 +21,10 @@ class ModelNotFoundError(FlyError, FileNotFoundError):
     """A model reference names nothing that exists (no file, directory, built-in name or reachable Hub id)."""
 
 
+class CacheError(FlyError, OSError):
+    """The model cache folder cannot be created or written (FLY_CACHE_DIR names a file, or no write permission)."""
+
+
 class ModelIntegrityError(FlyError):
     """A model file is corrupt or truncated (size or sha256 does not match)."""
 
@@ -31,3 +35,7 @@ class IncompatibleModelsError(FlyError, ValueError):
 
 class EngineBusyError(FlyError, RuntimeError):
     """This thread asked the engine for a request while it holds one of its streams open: waiting would never end."""
+
+
+class FlyWarning(UserWarning):
+    """Something the user should know before it costs time (a prompt that takes minutes to read)."""

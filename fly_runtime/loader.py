@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
 from fly_runtime.backends.base import Backend, CachedSequence
 from fly_runtime.drafters import Drafter, ModelDrafter, NgramDrafter
 from fly_runtime.engine import FlyEngine
-from fly_runtime.errors import IncompatibleModelsError, InvalidSettingsError
+from fly_runtime.errors import FlyError, IncompatibleModelsError, InvalidSettingsError, ModelIntegrityError
 from fly_runtime.sources import BUILTIN_PAIRS, DEFAULT_PAIR, ResolvedModel, resolve_model
 
 BackendName = Literal["auto", "torch", "onnx"]
@@ -25,6 +27,9 @@ class ModelSettings:
     draft: str | None = DEFAULT_DRAFT  # None: prompt-lookup n-grams only
     backend: BackendName = "auto"
     device: str | None = None
+    # the target's weights on ONNX Runtime: fp32, int8, int4, or auto (the measured choice for this machine);
+    # the drafter is always int4, since its numerics never change what exact mode outputs
+    precision: str = "auto"
 
 
 _engines: dict[ModelSettings, FlyEngine] = {}
@@ -51,15 +56,31 @@ def _pick_backend(settings: ModelSettings) -> str:
     return "torch" if on_gpu else "onnx"
 
 
-def _make_backend(model: ResolvedModel, kind: str, device: str | None, drafter: bool) -> Backend:
+def _make_backend(model: ResolvedModel, kind: str, device: str | None, precision: str) -> Backend:
     if kind == "onnx":
         from fly_runtime.backends.ort_backend import OrtBackend
 
-        # int4 only for the drafter: its numerics never change what exact mode outputs
-        return OrtBackend(model.onnx_dir(int4=drafter), threads=os.cpu_count())
+        onnx_dir = model.onnx_dir(precision)
+        with _loading(model):
+            return OrtBackend(onnx_dir, threads=os.cpu_count())
     from fly_runtime.backends.torch_backend import TorchBackend
 
-    return TorchBackend(model.hf_dir, device=device)
+    with _loading(model):
+        return TorchBackend(model.hf_dir, device=device)
+
+
+def target_precision(settings: ModelSettings, model: ResolvedModel) -> str:
+    """The target graph's precision: as set, or for ``auto`` the one measured fastest on this machine."""
+    from fly_runtime.sources.convert import PRECISIONS
+
+    if settings.precision == "auto":
+        from fly_runtime.tuning import choose_precision
+
+        return choose_precision(model)
+    if settings.precision not in PRECISIONS:
+        raise InvalidSettingsError(
+            f"precision must be auto or one of {', '.join(PRECISIONS)}, got {settings.precision!r}")
+    return settings.precision
 
 
 def load_tokenizer(model: ResolvedModel):
@@ -67,7 +88,21 @@ def load_tokenizer(model: ResolvedModel):
 
     # transformers 4.57.3+ warns about a Mistral regex for every locally saved tokenizer; ours carry the
     # correct pattern, so say explicitly that no patch is wanted.
-    return AutoTokenizer.from_pretrained(model.hf_dir, fix_mistral_regex=False)
+    with _loading(model):
+        return AutoTokenizer.from_pretrained(model.hf_dir, fix_mistral_regex=False)
+
+
+@contextmanager
+def _loading(model: ResolvedModel) -> Iterator[None]:
+    """Turn a library's failure on a broken model folder (TypeError, SafetensorError, ...) into fly's error."""
+    try:
+        yield
+    except FlyError:
+        raise
+    except Exception as exc:
+        raise ModelIntegrityError(
+            f"{model.hf_dir} could not be loaded ({type(exc).__name__}: {exc}): check that it holds a complete "
+            "Hugging Face model (config.json, the weights, the tokenizer), or pass another model") from exc
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
@@ -108,13 +143,14 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
     else:
         draft_model = resolve_model(settings.draft)
         check_same_tokenizer(tokenizer, load_tokenizer(draft_model), settings.target, settings.draft)
-        draft_sequence = CachedSequence(_make_backend(draft_model, kind, settings.device, drafter=True))
+        draft_sequence = CachedSequence(_make_backend(draft_model, kind, settings.device, "int4"))
         # both views share one drafter cache; a request picks one with its `ngram` setting
         # prompt lookup (stateless) serves twice: in front of the drafter, and alone before the drafter reads
         lookup = NgramDrafter(vocab_size=vocab_size)
         drafter = ModelDrafter(draft_sequence, vocab_size)
         cascade = ModelDrafter(draft_sequence, vocab_size, lookup)
-    target_backend = _make_backend(target_model, kind, settings.device, drafter=False)
+    precision = target_precision(settings, target_model) if kind == "onnx" else "fp32"
+    target_backend = _make_backend(target_model, kind, settings.device, precision)
     return FlyEngine(
         CachedSequence(target_backend),
         tokenizer,

@@ -81,6 +81,26 @@ def test_int4_graph_runs_and_stays_close(tiny_hf_dir, tmp_path):
         assert torch.corrcoef(torch.stack([got.flatten(), want.flatten()]))[0, 1] > 0.9
 
 
+def test_fp32_graph_computes_a_token_alike_in_a_step_and_in_a_pass(tiny_fp32):
+    from fly_runtime.tuning import ROW_TOLERANCE, measure_graph
+
+    measured = measure_graph(tiny_fp32, context=20, repeats=2)
+    assert measured["1"] > 0 and measured["9"] > 0
+    assert measured["row_delta"] <= ROW_TOLERANCE
+
+
+def test_int8_copy_of_a_graph_tracks_it(tiny_hf_dir, tiny_fp32, tmp_path):
+    from fly_runtime.sources.convert import quantize_onnx
+
+    folder = quantize_onnx(tiny_fp32, tmp_path / "tiny-int8", bits=8)
+    built = run_script(CachedSequence(OrtBackend(folder)))
+    reference = run_script(CachedSequence(OrtBackend(tiny_fp32)))
+    for got, want in zip(built, reference):
+        assert got.shape == want.shape
+        # 8-bit blockwise weights stay much closer to the source than 4-bit ones
+        assert torch.corrcoef(torch.stack([got.flatten(), want.flatten()]))[0, 1] > 0.99
+
+
 def test_broken_folder_fails_clearly_and_caches_nothing(tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()

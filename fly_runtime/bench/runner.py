@@ -7,7 +7,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -16,29 +16,44 @@ from fly_runtime.bench.suites import SCORERS, Task
 from fly_runtime.chat import encode_chat
 from fly_runtime.config import GenerationConfig
 from fly_runtime.engine import FlyEngine
+from fly_runtime.errors import FlyError
+from fly_runtime.sources.convert import PRECISIONS
 
 HF_ASSISTED = "hf-assisted"
+LLAMA_CPP = "llama-cpp"
 
 
 @dataclass(frozen=True)
 class ModeSpec:
-    """A mode to benchmark: ``ar``, ``exact``, ``fly`` or ``hf-assisted``, optionally with a fixed K (``fly:k10``)."""
+    """A mode to benchmark: ``ar``, ``exact``, ``fly``, ``hf-assisted`` or ``llama-cpp``, with options after colons:
+    a fixed K (``fly:k10``) and the target's precision (``ar:int4``; default: the run's ``--precision``)."""
 
     label: str
     mode: str
     k: int | None = None
+    precision: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> "ModeSpec":
-        name, _, option = text.partition(":")
-        if name not in ("ar", "exact", "fly", HF_ASSISTED):
-            raise ValueError(f"unknown mode {name!r}: use ar, exact, fly, hf-assisted (optionally :kN)")
-        k = None
-        if option:
-            if not option.startswith("k") or not option[1:].isdigit():
-                raise ValueError(f"mode option {option!r} must look like k8")
-            k = int(option[1:])
-        return cls(text, name, k)
+        name, *options = text.split(":")
+        if name not in ("ar", "exact", "fly", HF_ASSISTED, LLAMA_CPP):
+            raise ValueError(f"unknown mode {name!r}: use ar, exact, fly, hf-assisted, llama-cpp (options :kN, "
+                             f":{'/:'.join(PRECISIONS)})")
+        k = precision = None
+        for option in options:
+            if option in PRECISIONS:
+                precision = option
+            elif option.startswith("k") and option[1:].isdigit():
+                k = int(option[1:])
+            else:
+                raise ValueError(f"mode option {option!r} must look like k8 or name a precision "
+                                 f"({', '.join(PRECISIONS)})")
+        return cls(text, name, k, precision)
+
+    @property
+    def plain(self) -> bool:
+        """Plain decoding of the target (a baseline for speedups): ar at any precision, or llama.cpp."""
+        return self.mode in ("ar", LLAMA_CPP)
 
 
 class HfAssisted:
@@ -72,6 +87,40 @@ class HfAssisted:
                 "text": tokenizer.decode(new, skip_special_tokens=True)}
 
 
+class LlamaCpp:
+    """llama.cpp (llama-cpp-python) decoding the same GGUF plainly and greedily: the peer a CPU user would run.
+
+    It gets the prompt ids fly gets (the GGUF's vocabulary is the target's), reads the whole prompt each run,
+    and stops at the same end-of-sequence ids and token budget, so its rows compare with ``ar``'s.
+    """
+
+    def __init__(self, gguf: Path, context: int = 8192) -> None:
+        try:
+            from llama_cpp import Llama
+        except ImportError as exc:
+            raise FlyError("the llama-cpp mode needs llama-cpp-python: pip install 'fly-integrations[llama-cpp]' "
+                           "(it builds llama.cpp, about 10 minutes once)") from exc
+        threads = os.cpu_count()
+        self.llm = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
+                         verbose=False)
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos: set[int], tokenizer) -> dict:
+        new: list[int] = []
+        start = time.perf_counter()
+        if max_new_tokens > 0:
+            for token in self.llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, reset=True):
+                if token in eos:
+                    break
+                new.append(token)
+                if len(new) >= max_new_tokens:
+                    break
+        seconds = time.perf_counter() - start
+        return {"new_tokens": len(new), "seconds": seconds, "mean_accepted": 1.0, "acceptance_rate": None,
+                "fly_forgiven": None, "k": None, "target_forwards": len(new), "plain_steps": len(new),
+                "lookup_rounds": None, "drafter_forwards": None, "cached_tokens": 0,
+                "text": tokenizer.decode(new, skip_special_tokens=True)}
+
+
 def measure_verify_cost(engine: FlyEngine, context: int = 256, repeats: int = 5) -> dict:
     """Target cost of one decoding step vs one verification of 8 tokens, at a realistic context length."""
     sequence = engine.target
@@ -100,7 +149,10 @@ def run_benchmark(
     out_dir: Path,
     hf: HfAssisted | None = None,
     settings: dict | None = None,
+    llama: LlamaCpp | None = None,
+    engines: dict[str, FlyEngine] | None = None,
 ) -> dict:
+    """Run every mode on every task, interleaved; ``engines`` serve modes that name a precision."""
     out_dir.mkdir(parents=True, exist_ok=True)
     scorer = SCORERS.get(suite)
     encode = lambda task: encode_chat(engine.tokenizer, task.messages)  # noqa: E731
@@ -109,11 +161,15 @@ def run_benchmark(
         if spec.mode == HF_ASSISTED:
             assert hf is not None
             return hf.generate(ids, base.max_new_tokens, set(engine.eos_token_ids), engine.tokenizer)
-        config = GenerationConfig(**{**base.__dict__, "mode": spec.mode, "k": spec.k})
+        if spec.mode == LLAMA_CPP:
+            assert llama is not None
+            return llama.generate(ids, base.max_new_tokens, set(engine.eos_token_ids), engine.tokenizer)
+        config = replace(base, mode=spec.mode, k=spec.k)
+        runner = (engines or {})[spec.precision] if spec.precision else engine
         # every run reads its whole prompt, as Spec-Bench measures: the previous mode's run of the same prompt
         # must not leave it cached
-        engine.clear_cache()
-        result = engine.generate(ids, config)
+        runner.clear_cache()
+        result = runner.generate(ids, config)
         s = result.stats
         return {"new_tokens": s.new_tokens, "seconds": s.seconds, "mean_accepted": s.mean_accepted,
                 "acceptance_rate": s.acceptance_rate, "fly_forgiven": s.fly_forgiven, "k": s.k,
@@ -146,14 +202,20 @@ def run_benchmark(
     return summary
 
 
-def _aggregate(rows: list[dict], ar_by_task: dict[str, float], scored: bool) -> dict:
+def _mean_ratio(rows: list[dict], baseline: dict[str, float]) -> float | None:
+    ratios = [r["tokens_per_second"] / baseline[r["task_id"]] for r in rows if baseline.get(r["task_id"])]
+    return statistics.mean(ratios) if ratios else None
+
+
+def _aggregate(rows: list[dict], ar_by_task: dict[str, float], scored: bool,
+               best_plain: dict[str, float] | None = None) -> dict:
     tokens = sum(r["new_tokens"] for r in rows)
     seconds = sum(r["seconds"] for r in rows)
-    ratios = [r["tokens_per_second"] / ar_by_task[r["task_id"]] for r in rows if ar_by_task.get(r["task_id"])]
     forwards = [r.get("target_forwards") for r in rows]
     out = {
         "tokens_per_second": tokens / seconds if seconds else 0.0,
-        "speedup_vs_ar": statistics.mean(ratios) if ratios else None,
+        "speedup_vs_ar": _mean_ratio(rows, ar_by_task),
+        "speedup_vs_best_plain": _mean_ratio(rows, best_plain or {}),
         "mean_accepted": sum(r["new_tokens"] for r in rows) / sum(forwards) if all(forwards) else None,
     }
     if scored:
@@ -164,6 +226,11 @@ def _aggregate(rows: list[dict], ar_by_task: dict[str, float], scored: bool) -> 
 def summarise(rows: list[dict], modes: list[ModeSpec], suite: str, base: GenerationConfig, settings: dict) -> dict:
     scored = suite in SCORERS
     ar_by_task = {r["task_id"]: r["tokens_per_second"] for r in rows if r["mode"] == "ar"}
+    best_plain: dict[str, float] = {}  # per prompt, the fastest plain decoding: fly's ar at any precision, llama.cpp
+    plain = {m.label for m in modes if m.plain}
+    for r in rows:
+        if r["mode"] in plain:
+            best_plain[r["task_id"]] = max(best_plain.get(r["task_id"], 0.0), r["tokens_per_second"])
     categories = sorted({r["category"] for r in rows})
     summary = {
         "suite": suite,
@@ -172,10 +239,10 @@ def summarise(rows: list[dict], modes: list[ModeSpec], suite: str, base: Generat
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d")},
         "settings": settings,
-        "overall": {m.label: _aggregate([r for r in rows if r["mode"] == m.label], ar_by_task, scored)
+        "overall": {m.label: _aggregate([r for r in rows if r["mode"] == m.label], ar_by_task, scored, best_plain)
                     for m in modes},
         "categories": {c: {m.label: _aggregate([r for r in rows if r["mode"] == m.label and r["category"] == c],
-                                               ar_by_task, scored) for m in modes} for c in categories},
+                                               ar_by_task, scored, best_plain) for m in modes} for c in categories},
     }
     if scored and "ar" in summary["overall"] and "fly" in summary["overall"]:
         ar_acc = summary["overall"]["ar"]["accuracy"]
@@ -190,9 +257,9 @@ def _fmt(value: float | None, pattern: str) -> str:
 def render_markdown(summary: dict) -> str:
     modes = list(summary["overall"])
     scored = any("accuracy" in v for v in summary["overall"].values())
-    head = "| category | " + " | ".join(f"{m} tok/s | {m} speedup | {m} τ" + (f" | {m} acc" if scored else "")
-                                        for m in modes) + " |"
-    cells_per_mode = 4 if scored else 3
+    head = "| category | " + " | ".join(f"{m} tok/s | {m} vs ar | {m} vs best plain | {m} τ"
+                                        + (f" | {m} acc" if scored else "") for m in modes) + " |"
+    cells_per_mode = 5 if scored else 4
     lines = [f"# fly bench: {summary['suite']}", "",
              f"{summary['n_prompts']} prompts, {summary['max_new_tokens']} new tokens max, "
              f"{summary['machine']['cpus']} CPUs, {summary['machine']['date']}.", "",
@@ -203,7 +270,7 @@ def render_markdown(summary: dict) -> str:
         for m in modes:
             s = stats[m]
             cells += [_fmt(s["tokens_per_second"], "{:.2f}"), _fmt(s["speedup_vs_ar"], "{:.2f}x"),
-                      _fmt(s["mean_accepted"], "{:.2f}")]
+                      _fmt(s["speedup_vs_best_plain"], "{:.2f}x"), _fmt(s["mean_accepted"], "{:.2f}")]
             if scored:
                 cells.append(_fmt(s.get("accuracy"), "{:.1%}"))
         return f"| {name} | " + " | ".join(cells) + " |"
@@ -225,17 +292,19 @@ def plot_speed(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    modes = [m for m in summary["overall"] if m != "ar"]
+    modes = [m for m in summary["overall"] if not ModeSpec.parse(m).plain]
+    # against the best plain decoding where more than one plain mode ran, else against ar
+    key = "speedup_vs_best_plain" if sum(ModeSpec.parse(m).plain for m in summary["overall"]) > 1 else "speedup_vs_ar"
     groups = [*summary["categories"], "overall"]
     stats = {**summary["categories"], "overall": summary["overall"]}
     width = 0.8 / max(len(modes), 1)
     fig, ax = plt.subplots(figsize=(max(8, len(groups) * 0.9), 4.5))
     for i, mode in enumerate(modes):
-        values = [stats[g][mode]["speedup_vs_ar"] or 0 for g in groups]
+        values = [stats[g][mode][key] or 0 for g in groups]
         ax.bar([x + i * width for x in range(len(groups))], values, width, label=mode)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks([x + width * (len(modes) - 1) / 2 for x in range(len(groups))], groups, rotation=35, ha="right")
-    ax.set_ylabel("speedup vs ar (mean of per-prompt ratios)")
+    ax.set_ylabel(f"{key.replace('_', ' ')} (mean of per-prompt ratios)")
     ax.set_title(f"fly bench {summary['suite']}: {summary['n_prompts']} prompts, "
                  f"{summary['max_new_tokens']} new tokens")
     ax.legend()

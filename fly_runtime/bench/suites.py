@@ -6,12 +6,11 @@ import gzip
 import json
 import os
 import re
-import subprocess
-import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from fly_runtime.bench.sandbox import run_python
 
 SUITES = ("spec-bench", "gsm8k", "humaneval")
 
@@ -130,17 +129,10 @@ def extract_program(task: Task, text: str) -> str:
 
 
 def score_humaneval(task: Task, text: str, timeout: float = 15.0) -> bool:
-    """Run the reply against the problem's tests in a separate Python process (never in-process)."""
+    """Run the reply against the problem's tests in a separate, confined Python process (``sandbox``)."""
     program = (f"{extract_program(task, text)}\n\n{task.reference['test']}\n\n"
                f"check({task.reference['entry_point']})\n")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "solution.py"
-        path.write_text(program)
-        try:
-            proc = subprocess.run([sys.executable, str(path)], cwd=tmp, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return False
-    return proc.returncode == 0
+    return run_python(program, timeout).passed
 
 
 SCORERS: dict[str, Callable[[Task, str], bool]] = {"gsm8k": score_gsm8k, "humaneval": score_humaneval}

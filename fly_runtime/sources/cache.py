@@ -9,12 +9,23 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from fly_runtime.errors import CacheError
+
 
 def cache_dir() -> Path:
-    """The cache root: ``$FLY_CACHE_DIR`` if set, else ``~/.cache/fly``."""
+    """The cache root: ``$FLY_CACHE_DIR`` if set, else ``~/.cache/fly``; a clear error where it cannot be used."""
     root = os.environ.get("FLY_CACHE_DIR") or Path.home() / ".cache" / "fly"
     path = Path(root).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise CacheError(f"the fly cache {path} is a file, not a folder: point FLY_CACHE_DIR at a folder") from None
+    except OSError as exc:
+        raise CacheError(f"cannot create the fly cache {path} ({exc.strerror}): point FLY_CACHE_DIR at a folder "
+                         "you can write") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise CacheError(f"the fly cache {path} is not writable: fix its permissions or point FLY_CACHE_DIR at a "
+                         "folder you can write")
     return path
 
 
@@ -54,3 +65,23 @@ def atomic_directory(final: Path) -> Iterator[Path]:
         raise
     shutil.rmtree(final, ignore_errors=True)
     scratch.rename(final)
+
+
+@contextlib.contextmanager
+def model_lock(name: str) -> Iterator[None]:
+    """Hold a per-entry lock file while fetching or converting ``name``: a second process (or thread) doing the
+    same waits for the first, then finds the work done, instead of repeating it (a conversion peaks at
+    gigabytes of memory). Locks must not nest on one name. Where the platform has no ``fcntl``, no lock."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    locks = cache_dir() / "locks"
+    locks.mkdir(exist_ok=True)
+    with open(locks / f"{name}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

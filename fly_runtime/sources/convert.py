@@ -56,6 +56,11 @@ def gguf_to_hf(gguf_file: Path, out_dir: Path) -> Path:
     return out_dir
 
 
+# graph precisions: fp32 (the source weights as they are), int8 (MatMulNBits 8-bit, block 32: the GGUF's 4- and
+# 6-bit weights within 0.5% rms), int4 (MatMulNBits 4-bit, block 32: a second 4-bit rounding, drafters' default)
+PRECISIONS = ("fp32", "int8", "int4")
+
+
 def hf_to_onnx(hf_dir: Path, out_dir: Path, int4: bool) -> Path:
     """Build an ONNX Runtime graph of a causal LM (onnxruntime-genai's model builder), fp32 or int4.
 
@@ -90,10 +95,12 @@ def hf_to_onnx(hf_dir: Path, out_dir: Path, int4: bool) -> Path:
                                   stderr=subprocess.STDOUT, check=False)
         if done.returncode != 0 or not (scratch / "model.onnx").is_file():
             tail = log.read_text(errors="replace")[-2000:]
+            log.unlink()  # its tail is in the message; nothing of a failed build stays in the cache
             raise ModelIntegrityError(
-                f"building the ONNX graph of {hf_dir} failed (exit {done.returncode}; log {log}):\n{tail}\n"
-                "The builder supports the common decoder families (Llama, Mistral, Qwen2/3, Phi, Gemma, ...); "
-                "for other architectures use backend='torch'."
+                f"building the ONNX graph of {hf_dir} failed (exit {done.returncode}); the builder said:\n{tail}\n"
+                "Check that the folder holds a complete model (config.json with its architecture, the weights "
+                "and the tokenizer). The builder supports the common decoder families (Llama, Mistral, "
+                "Qwen2/3, Phi, Gemma, ...); for another architecture use backend='torch'."
             )
         shutil.rmtree(scratch / "build-cache", ignore_errors=True)
         log.unlink()
@@ -136,3 +143,28 @@ def add_logits_to_keep(model_file: Path) -> None:
     logits = next(o for o in graph.output if o.name == "logits")
     logits.type.tensor_type.shape.dim[1].dim_param = LOGITS_TO_KEEP
     onnx.save(model, str(model_file))
+
+
+def quantize_onnx(fp32_dir: Path, out_dir: Path, bits: int = 8) -> Path:
+    """An ``bits``-bit copy of an fp32 graph: every MatMul weight as MatMulNBits (block 32, asymmetric) whose
+    activations are quantised per row and block (accuracy level 4), so a pass over K tokens computes each row
+    as a one-token step does and exact verification stays token-identical to plain decoding."""
+    if onnx_model_file(out_dir).is_file():
+        return out_dir
+    import logging
+
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)  # a line a node
+
+    _say(f"quantising {fp32_dir.name} to {bits}-bit weights (once; about a minute; cached in {out_dir}) ...")
+    start = time.perf_counter()
+    with atomic_directory(out_dir) as scratch:
+        quantizer = MatMulNBitsQuantizer(str(onnx_model_file(fp32_dir)), bits=bits, block_size=32,
+                                         is_symmetric=False, accuracy_level=4)
+        quantizer.process()
+        quantizer.model.save_model_to_file(str(onnx_model_file(scratch)), use_external_data_format=True)
+        for name in ("config.json",):
+            shutil.copy2(fp32_dir / name, scratch / name)
+    _say(f"quantised in {time.perf_counter() - start:.0f} s")
+    return out_dir

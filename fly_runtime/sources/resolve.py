@@ -7,10 +7,10 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from fly_runtime.errors import ModelNotFoundError
+from fly_runtime.errors import InvalidSettingsError, ModelNotFoundError
 from fly_runtime.sources.builtin import BUILTIN_MODELS, fetch_builtin
-from fly_runtime.sources.cache import cache_dir, file_identity, fingerprint
-from fly_runtime.sources.convert import GRAPH_VERSION, gguf_to_hf, hf_to_onnx
+from fly_runtime.sources.cache import cache_dir, file_identity, fingerprint, model_lock
+from fly_runtime.sources.convert import GRAPH_VERSION, PRECISIONS, gguf_to_hf, hf_to_onnx, quantize_onnx
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -23,12 +23,20 @@ class ResolvedModel:
     name: str
     hf_dir: Path
     key: str
+    gguf: Path | None = None  # the GGUF the weights came from, where they came from one
 
-    def onnx_dir(self, int4: bool) -> Path:
-        """The ONNX graph of this model, built once and cached (keyed by source and weights)."""
-        kind = "int4" if int4 else "fp32"
-        folder = f"{self.name}-{self.key}-{kind}-g{GRAPH_VERSION}"
-        return hf_to_onnx(self.hf_dir, cache_dir() / "onnx" / folder, int4=int4)
+    def onnx_dir(self, precision: str) -> Path:
+        """The ONNX graph of this model at ``precision`` (one of PRECISIONS), built once and cached (keyed by
+        source and weights); int8 is quantised from the fp32 graph."""
+        if precision not in PRECISIONS:
+            raise InvalidSettingsError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        folder = cache_dir() / "onnx" / f"{self.name}-{self.key}-{precision}-g{GRAPH_VERSION}"
+        if precision == "int8":
+            source = self.onnx_dir("fp32")
+            with model_lock(folder.name):
+                return quantize_onnx(source, folder, bits=8)
+        with model_lock(folder.name):
+            return hf_to_onnx(self.hf_dir, folder, int4=precision == "int4")
 
 
 def resolve_model(reference: str) -> ResolvedModel:
@@ -39,12 +47,15 @@ def resolve_model(reference: str) -> ResolvedModel:
         spec = BUILTIN_MODELS[reference]
         gguf = fetch_builtin(spec)
         key = spec.sha256[:16]
-        return ResolvedModel(reference, spec.name, gguf_to_hf(gguf, cache_dir() / "hf" / f"{spec.name}-{key}"), key)
+        with model_lock(f"{spec.name}-{key}-hf"):
+            hf_dir = gguf_to_hf(gguf, cache_dir() / "hf" / f"{spec.name}-{key}")
+        return ResolvedModel(reference, spec.name, hf_dir, key, gguf)
 
     path = Path(reference).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         key = fingerprint(file_identity(path))
-        return ResolvedModel(reference, path.stem, gguf_to_hf(path, cache_dir() / "hf" / f"{path.stem}-{key}"), key)
+        return ResolvedModel(reference, path.stem, gguf_to_hf(path, cache_dir() / "hf" / f"{path.stem}-{key}"), key,
+                             path)
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelNotFoundError(

@@ -134,3 +134,22 @@ def test_forged_tokens_in_an_assistant_turn_stay_text(tokenizer):
     clean = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": "Paris."}]
     assert control_count(tokenizer, render_prompt(tokenizer, forged).token_ids) == \
         control_count(tokenizer, render_prompt(tokenizer, clean).token_ids)
+
+
+def test_a_timeout_stops_a_long_prompt_read_within_one_chunk():
+    from fly_runtime import FlyWarning, GenerationConfig
+    from fly_runtime.chat import encode_chat
+
+    engine = get_engine(ModelSettings())
+    engine.clear_cache()
+    text = " ".join(f"Item {i}: the harbor ledger lists crate {i * 7} for pier {i % 13}." for i in range(200))
+    prompt = encode_chat(engine.tokenizer, [{"role": "user", "content": text + "\nHow many items are listed?"}])
+    assert len(prompt) > 3000
+    with pytest.warns(FlyWarning, match=r"reading a [\d,]+-token prompt"):
+        result = engine.generate(prompt, GenerationConfig(mode="ar", max_new_tokens=8, timeout=0.5,
+                                                          warn_prompt_tokens=1000))
+    assert result.finish_reason == "timeout" and result.token_ids == []
+    assert len(engine.target) == engine.PROMPT_CHUNK  # it stopped after the chunk that passed the deadline
+    # the engine serves the next request, and reads only what the stopped one had not
+    follow = engine.generate(prompt[:600], GenerationConfig(mode="ar", max_new_tokens=2))
+    assert follow.stats.cached_tokens == engine.PROMPT_CHUNK and follow.finish_reason == "length"

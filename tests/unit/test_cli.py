@@ -15,8 +15,8 @@ def test_every_decoding_flag_reaches_the_generation_config():
         "generate", "--mode", "exact", "--k", "7", "--window", "3", "--entropy-threshold", "0.5",
         "--min-prob-ratio", "0.2", "--no-exact-numbers", "--no-exact-code", "--exact-opening", "0", "--no-ngram",
         "--no-adaptive", "--max-new-tokens", "9", "--temperature", "0.7", "--top-k", "40", "--top-p", "0.9",
-        "--seed", "3", "hi"])
+        "--seed", "3", "--warn-prompt-tokens", "100", "hi"])
     assert _config(args) == GenerationConfig(
         mode="exact", k=7, window=3, entropy_threshold=0.5, min_prob_ratio=0.2, exact_numbers=False,
         exact_code=False, exact_opening=0, ngram=False, adaptive=False, max_new_tokens=9, temperature=0.7, top_k=40,
-        top_p=0.9, seed=3)
+        top_p=0.9, seed=3, warn_prompt_tokens=100)

@@ -1,0 +1,43 @@
+"""The policy's price model: model drafts only where they can pay, prompt lookup only as far as it pays."""
+
+from fly_runtime.adaptive import CostProfile, DraftPolicy, LookupGate
+from fly_runtime.config import GenerationConfig
+
+# measured on a 2-core AVX2 EPYC (fly models list): 1.5B target step / each further row, 0.5B int4 drafter token
+INT4_TARGET = CostProfile(step=0.059, row=0.023, draft=0.027)
+FP32_TARGET = CostProfile(step=0.261, row=0.021, draft=0.027)
+
+
+def test_model_drafts_pay_beside_a_slow_target_but_not_a_fast_one():
+    assert FP32_TARGET.model_drafts_pay() and FP32_TARGET.best_speedup(0.9, by_model=True) > 2
+    assert not INT4_TARGET.model_drafts_pay()
+    # prompt lookup costs only the verification rows, so it can still pay beside the fast target
+    assert INT4_TARGET.best_speedup(0.9, by_model=False) > 1.5
+
+
+def test_the_policy_turns_model_drafts_off_only_at_losing_prices():
+    config = GenerationConfig(mode="exact")
+    assert not DraftPolicy(config, 0.059, INT4_TARGET).model_drafts
+    assert DraftPolicy(config, 0.261, FP32_TARGET).model_drafts
+    assert DraftPolicy(config, 0.059, None).model_drafts  # unmeasured: as before
+    assert DraftPolicy(GenerationConfig(mode="exact", k=5), 0.059, INT4_TARGET).model_drafts  # a fixed K is obeyed
+
+
+def test_lookup_gate_verifies_what_pays_and_stops_where_lookup_misses():
+    gate = LookupGate(INT4_TARGET, prior_p=0.75, memory=0.9)
+    assert gate.length(6) >= 1
+    for _ in range(12):  # the proposals keep missing at their first token
+        gate.record(0, gate.length(6) or 1)
+    lengths = [gate.length(6) for _ in range(LookupGate.PROBE_EVERY)]
+    assert sorted(lengths) == [0] * (LookupGate.PROBE_EVERY - 1) + [1]  # skipped, but for one probe
+
+
+def test_lookup_gate_keeps_long_proposals_that_survive():
+    gate = LookupGate(INT4_TARGET, prior_p=0.75, memory=0.9)
+    for _ in range(12):
+        gate.record(6, 6)
+    assert gate.length(6) == 6
+
+
+def test_lookup_gate_without_prices_takes_the_whole_proposal():
+    assert LookupGate(None, 0.75, 0.9).length(5) == 5
