@@ -79,8 +79,8 @@ def measure_graph(onnx_dir: Path, context: int = 150, rows: tuple[int, ...] = (1
 
 def pick(costs: dict[str, dict]) -> str:
     """The fastest one-token step among the precisions whose steps and passes agree (fp32 if none does)."""
-    same = [p for p, c in costs.items() if c["row_delta"] <= ROW_TOLERANCE] or ["fp32"]
-    return min(same, key=lambda p: (costs[p]["1"], costs[p]["9"]) if p in costs else (0, 0))
+    same = [p for p, c in costs.items() if c["row_delta"] <= ROW_TOLERANCE]
+    return min(same, key=lambda p: (costs[p]["1"], costs[p]["9"])) if same else "fp32"
 
 
 def _records_file() -> Path:
