@@ -81,10 +81,7 @@ class HfAssisted:
             if t in eos:
                 new = new[:i]
                 break
-        return {"new_tokens": len(new), "seconds": seconds, "mean_accepted": None, "acceptance_rate": None,
-                "fly_forgiven": None, "k": None, "target_forwards": None, "plain_steps": None,
-                "lookup_rounds": None, "drafter_forwards": None, "cached_tokens": 0,
-                "text": tokenizer.decode(new, skip_special_tokens=True)}
+        return _peer_row(new, seconds, tokenizer, plain=False)
 
 
 class LlamaCpp:
@@ -107,18 +104,23 @@ class LlamaCpp:
     def generate(self, prompt_ids: list[int], max_new_tokens: int, eos: set[int], tokenizer) -> dict:
         new: list[int] = []
         start = time.perf_counter()
-        if max_new_tokens > 0:
-            for token in self.llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, reset=True):
-                if token in eos:
-                    break
-                new.append(token)
-                if len(new) >= max_new_tokens:
-                    break
-        seconds = time.perf_counter() - start
-        return {"new_tokens": len(new), "seconds": seconds, "mean_accepted": 1.0, "acceptance_rate": None,
-                "fly_forgiven": None, "k": None, "target_forwards": len(new), "plain_steps": len(new),
-                "lookup_rounds": None, "drafter_forwards": None, "cached_tokens": 0,
-                "text": tokenizer.decode(new, skip_special_tokens=True)}
+        for token in self.llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, reset=True):
+            if token in eos:
+                break
+            new.append(token)
+            if len(new) >= max_new_tokens:
+                break
+        return _peer_row(new, time.perf_counter() - start, tokenizer, plain=True)
+
+
+def _peer_row(new: list[int], seconds: float, tokenizer, plain: bool) -> dict:
+    """The result row of a decoder other than fly's engine: no FLy statistics; plain decoding makes one target
+    pass a token."""
+    passes = len(new) if plain else None
+    return {"new_tokens": len(new), "seconds": seconds, "mean_accepted": 1.0 if plain else None,
+            "acceptance_rate": None, "fly_forgiven": None, "k": None, "target_forwards": passes, "plain_steps": passes,
+            "lookup_rounds": None, "drafter_forwards": None, "cached_tokens": 0,
+            "text": tokenizer.decode(new, skip_special_tokens=True)}
 
 
 def measure_verify_cost(engine: FlyEngine, context: int = 256, repeats: int = 5) -> dict:
