@@ -7,9 +7,11 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any, Literal
 
+import jsonschema
+
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
-from langchain_core.language_models.chat_models import LangSmithParams
+from langchain_core.language_models.chat_models import LangSmithParams, agenerate_from_stream
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -20,11 +22,12 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.messages.ai import UsageMetadata
-from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.messages.tool import invalid_tool_call, tool_call_chunk
+from langchain_core.exceptions import OutputParserException
 from langchain_core.output_parsers import JsonOutputKeyToolsParser, JsonOutputParser, PydanticOutputParser
 from langchain_core.output_parsers.openai_tools import PydanticToolsParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
@@ -87,8 +90,8 @@ class FlyChatModel(FlyParams, BaseChatModel):
             json_schema=_response_schema(kwargs.get("response_format")),
         )
 
-    def _response_metadata(self, result: GenerationResult) -> dict[str, Any]:
-        return {"finish_reason": result.finish_reason, **self.fly_metadata(result.stats)}
+    def _response_metadata(self, result: GenerationResult, model: str | None) -> dict[str, Any]:
+        return {"finish_reason": result.finish_reason, **self.fly_metadata(result.stats, model)}
 
     def _generate(
         self,
@@ -97,15 +100,16 @@ class FlyChatModel(FlyParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        if self.streaming:
-            return _collect(self._stream(messages, stop, run_manager, **kwargs))
+        # streaming=True is served by BaseChatModel through _stream; this runs where it chose not to stream
         done = reply(self._request(messages, stop, kwargs))
         message = AIMessage(
             content=done.content,
             tool_calls=[{"name": c.name, "args": c.arguments, "id": c.id, "type": "tool_call"}
                         for c in done.tool_calls],
+            invalid_tool_calls=[invalid_tool_call(name=c.name, args=c.text, id=c.id, error=c.error)
+                                for c in done.invalid_tool_calls],
             usage_metadata=_usage(done.result),
-            response_metadata=self._response_metadata(done.result),
+            response_metadata=self._response_metadata(done.result, kwargs.get("model")),
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
@@ -119,7 +123,7 @@ class FlyChatModel(FlyParams, BaseChatModel):
         items = stream_reply(self._request(messages, stop, kwargs))
         try:
             for item in items:
-                chunk = self._chunk(item)
+                chunk = self._chunk(item, kwargs.get("model"))
                 if run_manager and chunk.text:
                     run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
@@ -133,8 +137,7 @@ class FlyChatModel(FlyParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        chunks = [chunk async for chunk in self._astream(messages, stop, run_manager, **kwargs)]
-        return _collect(iter(chunks))
+        return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
 
     async def _astream(
         self,
@@ -145,23 +148,26 @@ class FlyChatModel(FlyParams, BaseChatModel):
     ) -> AsyncIterator[ChatGenerationChunk]:
         request = self._request(messages, stop, kwargs)
         async for item in aiter_in_thread(lambda: stream_reply(request)):
-            chunk = self._chunk(item)
+            chunk = self._chunk(item, kwargs.get("model"))
             if run_manager and chunk.text:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
 
-    def _chunk(self, item: str | Reply) -> ChatGenerationChunk:
+    def _chunk(self, item: str | Reply, model: str | None) -> ChatGenerationChunk:
         """A text delta, or the closing chunk with the tool calls, usage and FLy stats."""
         if isinstance(item, str):
             return ChatGenerationChunk(message=AIMessageChunk(content=item))
         chunks = [tool_call_chunk(name=c.name, args=json.dumps(c.arguments, ensure_ascii=False), id=c.id, index=i)
                   for i, c in enumerate(item.tool_calls)]
+        # a call that did not parse keeps its text as args, which LangChain's chunk merge files as invalid
+        chunks += [tool_call_chunk(name=c.name, args=c.text, id=c.id, index=len(chunks) + i)
+                   for i, c in enumerate(item.invalid_tool_calls)]
         # usage and stats ride on the last chunk only, so aggregating the stream counts them once
         return ChatGenerationChunk(message=AIMessageChunk(
             content="",
             tool_call_chunks=chunks,
             usage_metadata=_usage(item.result),
-            response_metadata=self._response_metadata(item.result),
+            response_metadata=self._response_metadata(item.result, model),
             chunk_position="last",
         ))
 
@@ -185,7 +191,9 @@ class FlyChatModel(FlyParams, BaseChatModel):
         include_raw: bool = False,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, dict | Any]:
-        kwargs.pop("strict", None)  # the reply is parsed, not grammar-constrained either way
+        # json_schema / json_mode replies are decoded under the schema's grammar whatever `strict` says; function
+        # calls are verified exactly and, as every method's result, validated against the schema
+        kwargs.pop("strict", None)
         if kwargs:
             raise ValueError(f"unsupported arguments for with_structured_output: {sorted(kwargs)}")
         is_pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
@@ -194,7 +202,8 @@ class FlyChatModel(FlyParams, BaseChatModel):
             name = convert_to_openai_tool(schema)["function"]["name"]
             llm = self.bind_tools([schema], tool_choice=name, **trace)
             parser: Runnable = (PydanticToolsParser(tools=[schema], first_tool_only=True) if is_pydantic
-                                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True))
+                                else JsonOutputKeyToolsParser(key_name=name, first_tool_only=True)
+                                | _validator(convert_to_openai_tool(schema)["function"].get("parameters", {})))
         elif method in ("json_schema", "json_mode"):
             if method == "json_schema":
                 fmt = {"type": "json_schema", "json_schema": {"schema": convert_to_json_schema(schema)}}
@@ -202,6 +211,8 @@ class FlyChatModel(FlyParams, BaseChatModel):
                 fmt = {"type": "json_object"}
             llm = self.bind(response_format=fmt, **trace)
             parser = PydanticOutputParser(pydantic_object=schema) if is_pydantic else JsonOutputParser()
+            if method == "json_schema" and not is_pydantic:
+                parser = parser | _validator(convert_to_json_schema(schema))
         else:
             raise ValueError(f"method must be function_calling, json_schema or json_mode, got {method!r}")
         if not include_raw:
@@ -211,16 +222,18 @@ class FlyChatModel(FlyParams, BaseChatModel):
         return RunnableMap(raw=llm) | with_parsed.with_fallbacks([without], exception_key="parsing_error")
 
 
-def _collect(chunks: Iterator[ChatGenerationChunk]) -> ChatResult:
-    merged: ChatGenerationChunk | None = None
-    for chunk in chunks:
-        merged = chunk if merged is None else merged + chunk
-    assert merged is not None
-    message = merged.message
-    return ChatResult(generations=[ChatGeneration(message=AIMessage(
-        content=message.content, tool_calls=message.tool_calls, usage_metadata=message.usage_metadata,
-        response_metadata=message.response_metadata, id=message.id,
-    ))])
+def _validator(schema: dict) -> Runnable:
+    """A step that passes a parsed value on if it follows ``schema`` and raises OutputParserException if not."""
+
+    def validate(value: Any) -> Any:
+        try:
+            jsonschema.validate(value, schema)
+        except jsonschema.ValidationError as exc:
+            raise OutputParserException(f"the reply does not follow the schema: {exc.message}",
+                                        llm_output=json.dumps(value, ensure_ascii=False)) from None
+        return value
+
+    return RunnableLambda(validate)
 
 
 def _usage(result: GenerationResult) -> UsageMetadata:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import (
@@ -17,6 +17,12 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
     TextBlock,
+)
+from llama_index.core.base.llms.generic_utils import (
+    achat_to_completion_decorator,
+    astream_chat_to_completion_decorator,
+    chat_to_completion_decorator,
+    stream_chat_to_completion_decorator,
 )
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.function_calling import FunctionCallingLLM
@@ -48,9 +54,10 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
     @property
     def metadata(self) -> LLMMetadata:
         if self._metadata is None:
-            # the context window is the target's, which needs its config: load it once, on first ask
+            # the setting, at most the target's window (which needs its config: loaded once, on first ask)
+            window = self.engine().max_context
             self._metadata = LLMMetadata(
-                context_window=self.engine().max_context,
+                context_window=min(window, self.context_window or window),
                 num_output=self.max_tokens,
                 is_chat_model=True,
                 is_function_calling_model=True,
@@ -74,9 +81,12 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         extra: dict[str, Any] = {}
         if item.tool_calls:
             extra["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in item.tool_calls]
+        if item.invalid_tool_calls:
+            extra["invalid_tool_calls"] = [{"id": c.id, "name": c.name, "text": c.text, "error": c.error}
+                                           for c in item.invalid_tool_calls]
         s = item.result.stats
         fly = {**self.fly_metadata(s), "finish_reason": item.result.finish_reason,
-               "prompt_tokens": s.prompt_tokens, "cached_tokens": s.cached_tokens, "completion_tokens": s.new_tokens}
+               "prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens}
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=item.content, additional_kwargs=extra),
             delta="",
@@ -90,17 +100,17 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
     # event: completion through a decorated chat would count its tokens twice in TokenCountingHandler.
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return self._chat(messages, kwargs)
+        return self._chat(messages, **kwargs)
 
-    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
+    def _chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         done = reply(self._request(messages, kwargs))
         return self._response(done, done.content)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        return self._stream_chat(messages, kwargs)
+        return self._stream_chat(messages, **kwargs)
 
-    def _stream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseGen:
+    def _stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         request = self._request(messages, kwargs)
 
         def gen() -> ChatResponseGen:
@@ -117,20 +127,20 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        return await self._achat(messages, kwargs)
+        return await self._achat(messages, **kwargs)
 
-    async def _achat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
+    async def _achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         response = None
-        async for response in self._astream_chat(messages, kwargs):
+        async for response in await self._astream_chat(messages, **kwargs):
             pass
         assert response is not None
         return response
 
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        return self._astream_chat(messages, kwargs)
+        return await self._astream_chat(messages, **kwargs)
 
-    def _astream_chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponseAsyncGen:
+    async def _astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         request = self._request(messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
@@ -142,39 +152,38 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         return gen()
 
     # ------------------------------------------------------------------------------------------ completion
-    def _as_messages(self, prompt: str, formatted: bool) -> list[ChatMessage]:
-        # the same chat formatting for every completion path, streamed or not
+    # completion is chat on one user message, through LlamaIndex's own chat-to-completion converters
+    def _as_chat(self, chat: Callable[..., Any], prompt: str, formatted: bool) -> Callable[..., Any]:
+        """``chat`` as the converters call it, with the system prompt first unless the prompt is formatted."""
         if not prompt.strip():
             raise InvalidPromptError("the prompt is empty: pass some text")
-        messages = [ChatMessage(role=MessageRole.USER, content=prompt)]
-        if self.system_prompt and not formatted:
-            messages.insert(0, ChatMessage(role=MessageRole.SYSTEM, content=self.system_prompt))
-        return messages
+
+        def with_system(messages: list[ChatMessage], **kwargs: Any) -> Any:
+            if self.system_prompt and not formatted:
+                messages = [ChatMessage(role=MessageRole.SYSTEM, content=self.system_prompt), *messages]
+            return chat(messages, **kwargs)
+
+        return with_system
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return _to_completion(self._chat(self._as_messages(prompt, formatted), kwargs))
+        return chat_to_completion_decorator(self._as_chat(self._chat, prompt, formatted))(prompt, **kwargs)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        responses = self._stream_chat(self._as_messages(prompt, formatted), kwargs)
-        return (_to_completion(r) for r in responses)
+        chat = self._as_chat(self._stream_chat, prompt, formatted)
+        return stream_chat_to_completion_decorator(chat)(prompt, **kwargs)
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        return _to_completion(await self._achat(self._as_messages(prompt, formatted), kwargs))
+        return await achat_to_completion_decorator(self._as_chat(self._achat, prompt, formatted))(prompt, **kwargs)
 
     @llm_completion_callback()
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
-        responses = self._astream_chat(self._as_messages(prompt, formatted), kwargs)
-
-        async def gen() -> CompletionResponseAsyncGen:
-            async for response in responses:
-                yield _to_completion(response)
-
-        return gen()
+        chat = self._as_chat(self._astream_chat, prompt, formatted)
+        return await astream_chat_to_completion_decorator(chat)(prompt, **kwargs)
 
     # ----------------------------------------------------------------------------------------------- tools
     def _prepare_chat_with_tools(
@@ -211,14 +220,13 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
     ) -> list[ToolSelection]:
         calls = response.message.additional_kwargs.get("tool_calls", [])
+        invalid = response.message.additional_kwargs.get("invalid_tool_calls", [])
         if not calls and error_on_no_tool_call:
+            if invalid:
+                raise ValueError(f"the model wrote a tool call that does not parse ({invalid[0]['error']}): "
+                                 f"{invalid[0]['text']!r}")
             raise ValueError(f"expected at least one tool call, got none; the model said: {response.message.content!r}")
         return [ToolSelection(tool_id=c["id"], tool_name=c["name"], tool_kwargs=c["arguments"]) for c in calls]
-
-
-def _to_completion(response: ChatResponse) -> CompletionResponse:
-    return CompletionResponse(text=response.message.content or "", delta=response.delta, raw=response.raw,
-                              additional_kwargs=response.additional_kwargs)
 
 
 def _text_of(message: ChatMessage, index: int) -> str:

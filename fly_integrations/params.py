@@ -2,21 +2,44 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_type_hints
 
-from pydantic import AliasChoices, BaseModel, Field
+from pydantic import AliasChoices, Field, create_model
 
 from fly_integrations.replies import ReplyRequest
 from fly_runtime import FlyEngine, GenerationConfig, ModelSettings, get_engine
+from fly_runtime.config import REQUEST_SETTINGS
 from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET
 
-# per-call keyword arguments that override a field for one request
-OVERRIDABLE = ("mode", "k", "window", "entropy_threshold", "min_prob_ratio", "exact_numbers", "exact_code",
-               "exact_opening", "ngram", "adaptive", "temperature", "top_k", "top_p", "seed", "warn_prompt_tokens",
-               "max_tokens")
+# the generation statistics each reply's metadata carries
+METADATA_STATS = ("mean_accepted", "acceptance_rate", "fly_forgiven", "tokens_per_second", "target_forwards",
+                  "mean_k", "cached_tokens")
 
 
-class FlyParams(BaseModel):
+# the adapters' own defaults where they differ from GenerationConfig's: frameworks size replies by max_tokens, and
+# pack prompts up to the stated window, which a CPU reads slowly
+ADAPTER_DEFAULTS = {"max_new_tokens": 512, "context_window": 8192}
+# LlamaIndex names it context_window, LangChain's local models (ChatOllama) num_ctx
+ALIASES = {"context_window": AliasChoices("context_window", "num_ctx")}
+
+
+def _adapter_name(setting: str) -> str:
+    return "max_tokens" if setting == "max_new_tokens" else setting
+
+
+# per-call keyword arguments that override a field for one request: the request settings, max_new_tokens under
+# the name the frameworks give it
+OVERRIDABLE = tuple(_adapter_name(name) for name in REQUEST_SETTINGS)
+
+# one field per request setting, typed as GenerationConfig types it
+_HINTS = get_type_hints(GenerationConfig)
+RequestSettings = create_model("RequestSettings", **{
+    _adapter_name(name): (_HINTS[name], Field(default=ADAPTER_DEFAULTS.get(name, getattr(GenerationConfig, name)),
+                                              description=help_text, validation_alias=ALIASES.get(name)))
+    for name, help_text in REQUEST_SETTINGS.items()})
+
+
+class FlyParams(RequestSettings):
     # `model` (and LlamaIndex's `model_name`) as every chat model names it; `draft_model` likewise
     target: str = Field(default=DEFAULT_TARGET, validation_alias=AliasChoices("target", "model", "model_name"),
                         description="target model: built-in name, dir, .gguf or Hub id")
@@ -26,30 +49,6 @@ class FlyParams(BaseModel):
     device: str | None = None
     precision: Literal["auto", "fp32", "int8", "int4"] = Field(
         default="auto", description="the target's weights on ONNX Runtime (auto: measured fastest on this machine)")
-    # request settings default as GenerationConfig's do (the adapters' own default is max_tokens)
-    mode: Literal["ar", "exact", "fly"] = GenerationConfig.mode
-    k: int | None = GenerationConfig.k
-    window: int = GenerationConfig.window
-    entropy_threshold: float = GenerationConfig.entropy_threshold
-    min_prob_ratio: float = Field(
-        default=GenerationConfig.min_prob_ratio,
-        description="fly forgives a drafted token only if the target gives it this fraction of its top token's "
-                    "probability (0: the paper's rule)")
-    exact_numbers: bool = Field(default=GenerationConfig.exact_numbers,
-                                description="fly never forgives a drafted token holding a digit")
-    exact_code: bool = Field(default=GenerationConfig.exact_code,
-                             description="fly verifies fenced code blocks exactly")
-    exact_opening: int = Field(default=GenerationConfig.exact_opening,
-                               description="fly verifies the reply's first N tokens exactly (0: off)")
-    ngram: bool = GenerationConfig.ngram
-    adaptive: bool = GenerationConfig.adaptive
-    temperature: float = GenerationConfig.temperature
-    top_k: int = GenerationConfig.top_k
-    top_p: float = GenerationConfig.top_p
-    max_tokens: int = 512
-    warn_prompt_tokens: int = Field(default=GenerationConfig.warn_prompt_tokens,
-                                    description="warn before reading a prompt longer than this (0: never)")
-    seed: int | None = GenerationConfig.seed
     timeout: float | None = Field(
         default=GenerationConfig.timeout,
         description="seconds one generation may run; it then ends with finish_reason 'timeout'")
@@ -103,14 +102,8 @@ class FlyParams(BaseModel):
             config=lambda extra: self.generation_config([*stops, *extra], **overrides),
         )
 
-    def fly_metadata(self, stats) -> dict[str, Any]:
-        return {
-            "model_name": self.target,
-            "fly_mode": self.mode,
-            "mean_accepted": stats.mean_accepted,
-            "acceptance_rate": stats.acceptance_rate,
-            "fly_forgiven": stats.fly_forgiven,
-            "tokens_per_second": stats.tokens_per_second,
-            "target_forwards": stats.target_forwards,
-            "k": stats.k,
-        }
+    def fly_metadata(self, stats, model: str | None = None) -> dict[str, Any]:
+        """A reply's metadata: the model that served it (a per-call ``model=`` included), the mode, its stats."""
+        values = stats.as_dict()
+        return {"model_name": model or self.target, "fly_mode": self.mode,
+                **{name: values[name] for name in METADATA_STATS}}

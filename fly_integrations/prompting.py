@@ -73,8 +73,7 @@ def render_prompt(
         instruction = "Reply with one JSON object and nothing else."
         if json_schema:
             instruction += " It must follow this JSON schema:\n" + json.dumps(json_schema, ensure_ascii=False)
-        messages = _with_system_instruction(messages, instruction)
-        prefill = "{"
+        messages = _with_system_instruction(messages, instruction)  # the engine's grammar enforces it
     return Prompt(chat_encoder(tokenizer).encode(messages, tools, suffix=prefill), prefill, stop)
 
 

@@ -5,7 +5,7 @@ repeating a call already answered in the conversation (same tool, same arguments
 from it, so agent loops would not terminate: such a reply is replaced by a second generation, steered to
 answer by an instruction after the conversation. That prompt starts exactly as the first did, so the engine
 reads only the instruction again (dropping the tools instead changes the system prompt they are rendered
-into, and the whole prompt is read anew: ~13 ms a token here). Where the model still repeats the call, a
+into, and the whole prompt is read anew). Where the model still repeats the call, a
 third generation runs with tools off.
 Where tools are bound, FLy verifies the text inside ``<tool_call>`` blocks exactly.
 """
@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from jinja2 import TemplateError
 
 from fly_integrations.prompting import render_prompt
-from fly_integrations.tool_calls import CLOSE, OPEN, ReplySplitter, ToolCall
-from fly_integrations.tools import conform_arguments
+from fly_integrations.tool_calls import CLOSE, OPEN, InvalidToolCall, ReplySplitter, ToolCall
+from fly_integrations.tools import closed_schema, conform_arguments
 from fly_runtime import FlyEngine, GenerationConfig, GenerationResult
+from fly_runtime.engine import GenerationStats
 
 
 @dataclass
@@ -29,6 +30,7 @@ class Reply:
     content: str
     tool_calls: list[ToolCall]
     result: GenerationResult
+    invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)  # calls written but not parseable
 
 
 @dataclass
@@ -68,6 +70,10 @@ def _attempts(request: ReplyRequest) -> Iterator[tuple[list[dict], str | None]]:
 
 
 def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
+    """Text deltas, then the Reply. Where an attempt is replaced, what it already streamed stays part of the
+    reply (a stream never shows text the final message lacks) and its tokens count in the reply's usage."""
+    shown = ""  # streamed by attempts that were replaced
+    spent: GenerationStats | None = None
     for messages, choice in _attempts(request):
         try:
             prompt = render_prompt(request.engine.tokenizer, messages, request.tools, choice, request.json_schema)
@@ -80,19 +86,27 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
         config = request.config(prompt.stop)
         if names is not None:  # a call's arguments must be the target's own, not a forgiven alternative
             config = replace(config, exact_spans=((OPEN, CLOSE),))
+        if request.json_schema is not None:  # decoded under the schema's grammar, verified exactly
+            config = replace(config, json_schema=json.dumps(closed_schema(request.json_schema) or {"type": "object"}))
         with request.engine.stream(prompt.token_ids, config) as stream:
             for piece in stream:
                 if delta := splitter.push(piece):
                     yield delta
-        rest, calls = splitter.finish()
+        parsed = splitter.finish()
+        rest, calls = parsed.content, parsed.calls
         for call in calls:
             call.arguments = conform_arguments(call.arguments, request.parameters_of(call.name))
         if rest:
             yield rest
-        if calls and choice in (None, "auto") and _all_answered(calls, request.messages):
-            continue
         assert stream.result is not None
-        yield Reply(splitter.emitted, calls, stream.result)
+        spent = stream.result.stats if spent is None else spent + stream.result.stats
+        if calls and choice in (None, "auto") and _all_answered(calls, request.messages):
+            shown += splitter.emitted
+            if shown and not shown[-1].isspace():  # the next attempt's text starts on a line of its own
+                shown += "\n"
+                yield "\n"
+            continue
+        yield Reply(shown + splitter.emitted, calls, replace(stream.result, stats=spent), parsed.invalid)
         return
 
 

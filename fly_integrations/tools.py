@@ -97,3 +97,17 @@ def normalize_tool_choice(choice: Any, names: list[str]) -> str | None:
     raise InvalidPromptError(
         f"tool_choice {choice!r} is not 'auto', 'none', 'any' or a bound tool ({', '.join(names) or 'none bound'})"
     )
+
+
+def closed_schema(schema: Any) -> Any:
+    """``schema`` with every object that lists its properties closed to others (``additionalProperties: false``
+    where it says nothing), as OpenAI's strict structured output reads a schema: decoded under an open schema,
+    a small model goes on inventing keys until its token budget cuts the JSON short."""
+    if isinstance(schema, list):
+        return [closed_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    closed = {key: closed_schema(value) for key, value in schema.items()}
+    if "properties" in closed and "additionalProperties" not in closed:
+        closed["additionalProperties"] = False
+    return closed

@@ -1,26 +1,10 @@
 """Adaptive drafting: how many tokens to draft each round, and when not to speculate at all.
 
-Speculation only pays when a round's tokens cost less than as many plain steps, so the policy chooses from
-what it measures in the request:
-- the draft length K maximises expected tokens per second, but never drops below the mode's fixed default
-  (5 exact; 8 FLy while its room pays, see below and ``DraftPolicy.__init__``). A K-token draft yields
-  1 + sum over i <= K of P(the first i drafts survive) tokens, from per-position survival estimates (see
-  ``Survival``; FLy-forgiven drafts count as survivors), and costs a + b*K seconds, fitted to the measured
-  rounds (see ``RoundCost``). Verifying K drafts is one target pass over K+1 tokens, which on a
-  memory-bound target costs little more than a plain step, so long drafts cost only b each;
-- where the drafter stops: below the top-1 probability where one more draft token stops paying (draft time
-  / verification time, at most 0.05) its token is likely wrong. In exact mode the draft ends there. In FLy
-  mode a doubtful token is exactly where the target is likely uncertain too and a mismatch may be
-  forgiven, but only if ``window`` more drafts follow; so the draft runs on for the window, and ends at the
-  next doubtful token;
-- whether FLy's room pays: FLy drafts at least its default K (8) so that a mismatch can be followed by a
-  window of checked drafts; where its rounds made fewer tokens per second than exact matching's shortest
-  drafts would have made of the same rounds (see ``ForgivenessRoom``), it gives that room up for the rest
-  of the request;
-- whether to speculate: when the last rounds produced tokens clearly slower than plain decoding does (by
-  ``FALLBACK_MARGIN``), and the best K under the current estimates promises no better, FLy first gives up
-  its room; after that, or in exact mode, decode plainly for a stretch (re-measuring the plain step), then
-  probe speculation again; each failed probe doubles the stretch.
+Speculation pays only where a round's tokens cost less than as many plain steps, so the policy chooses from
+what it measures in the request: the draft length (expected tokens per second, from per-position survival
+and a fitted round cost, never below the mode's default), where the drafter stops (its confidence), whether
+FLy's window room pays, and when to fall back to plain decoding. The measurements behind each rule are in
+docs/design.md, "Adaptive drafting".
 """
 
 from __future__ import annotations
@@ -31,27 +15,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from fly_runtime.config import DEFAULT_K, GenerationConfig
+from fly_runtime.drafters import DraftShape
 
 K_MAX = 16
-
-
-@dataclass(frozen=True)
-class DraftShape:
-    k: int  # most tokens to draft this round
-    confidence_floor: float  # drafter stops (or starts its extension) below this top-1 probability
-    extension: int  # tokens drafted past the first doubtful one (FLy's window), 0 = stop at once
-    gate_ngrams: bool = False  # stop offering n-gram proposals in a request where the drafter rejects them
 
 
 class Survival:
     """Fading counts, per draft position, of drafts that reached the position and of those that survived it.
 
-    Acceptance comes in streaks: a draft is often wrong at its first token and, once right, right for a
-    while. One survival probability for every position (the geometric model) then undervalues long drafts:
-    on a Spec-Bench writing prompt it settled on K = 1-2 and fell back to plain decoding (0.85x), where a
-    fixed K = 5 ran 1.18x faster than plain. Each position's estimate leans on
-    the pooled one (all positions together, the geometric estimate) by ``SHRINK`` drafts' worth, so a
-    position seldom reached follows the pooled rate instead of a stale count.
+    Acceptance comes in streaks, so one survival rate for every position undervalues long drafts. A position
+    seldom reached leans on the pooled rate by ``SHRINK`` drafts' worth instead of a stale count.
     """
 
     SHRINK = 2.0
@@ -85,12 +58,9 @@ class Survival:
 class RoundCost:
     """Seconds of a K-draft round (drafting + verification) as a + b*K, fitted to recent rounds (fading).
 
-    Much of a round's cost does not grow with K: the target pass over K+1 tokens costs little more than a
-    plain step on a memory-bound target, and cache crops and the verdict come once per round; each draft
-    token adds one drafter pass (~15% of a target step for the int4 0.5B drafter here) and a little
-    verification. The intercept and slope are fitted rather than assumed, since both depend on the pair, the
-    machine and the context length. Rounds seldom vary K much, so the slope leans on a prior
-    (``PRIOR_SLOPE`` plain steps per draft) worth ``PRIOR_WEIGHT`` rounds of K spread.
+    Most of a round's cost does not grow with K (one target pass over K+1 tokens, crops, the verdict); each
+    draft adds a drafter pass. Rounds seldom vary K much, so the slope leans on a prior (``PRIOR_SLOPE`` plain
+    steps per draft) worth ``PRIOR_WEIGHT`` rounds of K spread.
     """
 
     PRIOR_SLOPE = 0.1
@@ -116,18 +86,8 @@ class ForgivenessRoom:
     """Does FLy's room (drafts long enough for a forgiven mismatch to be checked) pay in this request?
 
     Each long FLy round is set against what exact matching's shortest draft (``short_k`` tokens) would have
-    made of the same round. Its tokens are known exactly: greedy drafts do not depend on K (sampled ones
-    only in distribution), so the short draft would have kept the drafts matched before the first
-    mismatch, at most ``short_k``, plus the target's token. Its cost comes from the round's own
-    measurements: ``short_k`` drafts at the round's time per draft, and a verification that grows linearly
-    from one plain step to the round's. On Spec-Bench roleplay, where the drafter and target disagree early
-    and a mismatch with ``window`` agreeing drafts after it is rare, FLy's 8-token rounds made 6.2-6.9
-    tokens/s where 5-token drafts of the same rounds would have made 7.8-8.4 (the request ran at 0.93x of
-    plain decoding against exact matching's 1.24x). Where forgiving pays, a forgiven round keeps far more
-    than its matched prefix and the room stays. On 10 held-out Spec-Bench prompts (the 3rd and 4th of
-    writing, roleplay, reasoning, stem, humanities) FLy ran at 1.36x of plain decoding with this test and
-    1.33x without it (exact matching: 1.33x); it lost most on one writing prompt (1.22x against 1.31x: 2
-    forgiven tokens against 3).
+    made of it: greedy drafts do not depend on K, so its tokens are the drafts matched before the first
+    mismatch (at most ``short_k``) plus the target's; its time is interpolated from the round's own.
     """
 
     MIN_ROUNDS = 8  # long rounds judged before the room may be given up
@@ -217,10 +177,8 @@ class LookupGate:
 
 class DraftPolicy:
     MAX_CONFIDENCE_FLOOR = 0.05
-    # rounds of speculation judged together against plain decoding, and by how much they must lose. Kept tokens
-    # per round vary 1-6 from round to round, so 8 rounds judged against plain alone were noise: on a writing
-    # prompt where fixed K = 5 ran 1.13x faster than plain, the worst 8-round stretches ran at 0.56x and 0.82x,
-    # and falling back cost 54 plain steps (exact 20.2 s against 17.9 s)
+    # rounds judged together against plain decoding, and by how much they must lose: kept tokens vary 1-6 per
+    # round, so fewer rounds or a tighter margin fell back on noise
     ROUNDS_MEASURED = 16
     FALLBACK_MARGIN = 0.85
     PLAIN_STRETCH = 24  # plain steps before speculation is probed again (doubles after each failed probe)
@@ -235,22 +193,9 @@ class DraftPolicy:
         self.adaptive = config.adaptive and config.k is None and not seeded_sampling
         self.window = config.window if config.mode == "fly" else 0
         self.k = config.draft_length
-        # adaptive drafts are at least the mode's fixed default long. The rate model prefers shorter drafts
-        # wherever acceptance is middling, and measured, those lose: on Spec-Bench prose (writing, roleplay,
-        # translation) exact drafts of K = 4 kept 0.1-0.4 fewer tokens per round than K = 5 (tau 2.61 / 2.67
-        # against 2.72 / 3.12) for ~0.14 plain steps saved per draft token, and K = 2-3 drafts were slow enough to
-        # trip the fallback (24-72 plain steps) where a fixed K = 5 ran 1.2-1.3x faster than plain. FLy forgives
-        # a mismatch only with ``window`` checked drafts after it, so below K = 8 it forgives at most at draft
-        # 1 and drafts like exact matching: FLy with K = 5-7 ran at 5.3 / 4.8 / 3.8 tokens/s on three prose
-        # prompts where K = 8 ran at 8.2 / 4.9 / 4.7 (measured before the engine kept torch to one thread).
-        # Letting the rate model take FLy down to K = 5 wherever its forgiving survival (counted only where a
-        # draft left the window room) did not beat the native one ran no faster since (8 Spec-Bench prompts:
-        # 1.41x against 1.42x): forgiveness is rare per round (0-4 per 128 tokens) but rescues a whole draft
-        # when it comes, so a request that gave up K >= 8 early lost it where it paid (writing 1.53x / 1.24x
-        # against 1.64x / 1.40x, code 2.66x against 3.07x). So FLy gives up its room only where the fallback
-        # test says speculation is losing, or where the request's own rounds show that exact's shortest drafts
-        # would have done better (``ForgivenessRoom``); where even exact's default does not pay, the fallback
-        # decides.
+        # adaptive drafts are at least the mode's fixed default long: shorter ones lost to it where acceptance was
+        # middling, and below K = W + 2 FLy cannot forgive at all. FLy gives that room up only where the fallback
+        # test or its own rounds (ForgivenessRoom) say it loses
         self.min_k = self.k
         self._room = ForgivenessRoom(DEFAULT_K["exact"], self.MEMORY) if self.min_k > DEFAULT_K["exact"] else None
         self.plain_step_seconds = plain_step_seconds
@@ -283,9 +228,8 @@ class DraftPolicy:
             return DraftShape(min(self.k, remaining), 0.0, 0)
         k = self.k
         if self.window and k - self.window <= strict:
-            # every draft a mismatch could be forgiven at (those with a window of drafts after them) is verified
-            # exactly: the room buys nothing this round, so draft as exact matching would. In the opening of a
-            # short answer (Spec-Bench extraction: 13-15 tokens) that is the whole reply
+            # every draft a mismatch could be forgiven at lies in the exactly verified opening: the room buys
+            # nothing this round, so draft as exact matching would
             k = self._best_k(self._rates(), DEFAULT_K["exact"]) if self._verify_seconds else DEFAULT_K["exact"]
         k = min(k, remaining)
         # a draft that leaves no forgivable mismatch a window of checked drafts drafts like exact matching
@@ -293,15 +237,9 @@ class DraftPolicy:
         return DraftShape(k, self.confidence_floor(), extension, gate_ngrams=True)
 
     def confidence_floor(self) -> float:
-        """Drafter top-1 probability below which drafting on does not pay.
-
-        One more draft token costs d seconds and, if it survives, saves about one round's share of
-        verification v; so drafting on pays while P(survive) > d / v. The drafter's confidence c understates
-        P(survive) well below 1: on Spec-Bench (6 categories, K=5) the target kept reached draft tokens at
-        c in 0.1-0.2 about half the time (0.49, n=39), at 0.3-0.5 0.52, and only below 0.1 none (0/4). So the
-        floor is d / v but at most ``MAX_CONFIDENCE_FLOOR``: at 0.3 it cut drafts the target would have kept
-        (8 prose prompts: 141 s with it, 135 s without, 130 s at a fixed K=5).
-        """
+        """Drafter top-1 probability below which drafting on does not pay: one more draft costs d seconds and,
+        kept, saves about v (a round's verification), so the floor is d / v; capped at
+        ``MAX_CONFIDENCE_FLOOR``, since the drafter's confidence understates its tokens' survival."""
         if self._draft_seconds_per_token is None or not self._verify_seconds:
             return self.MAX_CONFIDENCE_FLOOR
         return min(self.MAX_CONFIDENCE_FLOOR, self._draft_seconds_per_token / self._verify_seconds)
@@ -376,28 +314,19 @@ class DraftPolicy:
 class DeferredRead:
     """When the model drafter should read the prompt: a rent-or-buy choice made per request.
 
-    Before it drafts a single token the drafter must read the whole prompt, which costs about a quarter of
-    the target's prefill for the 0.5B / 1.5B pair here, and many requests end before drafting repays that:
-    on Spec-Bench the short answer to a 741-token RAG prompt ran at 0.88x of plain decoding with the read and
-    1.09x with prompt lookup alone. So until the drafter reads, a request decodes from prompt lookup alone
-    (free to draft, strong where the answer copies the prompt) or plainly where lookup finds nothing, and adds
-    up the time the drafter would have saved: each step's seconds beyond its tokens at ``DRAFTER_SPEEDUP``
-    times the plain rate. Once that regret reaches the price of the read, the drafter reads (ski rental: in
-    hindsight never worse than twice the better choice). Where lookup alone keeps up, nothing is forgone and
-    the drafter never reads. The speedup is a deliberately optimistic guess: it makes the read come early,
-    which costs little where drafting turns out poor (the policy then falls back) and forgoes little where
-    it turns out good. A read priced at a few plain steps is bought at once (``READ_AT_ONCE_STEPS``): the
-    worst case ski rental guards against, an answer too short to repay it, is the rare one.
+    The read costs about a quarter of the target's prefill before a single draft, which a short answer to a
+    long prompt never repays. Until it reads, the request decodes from prompt lookup alone (or plainly) and
+    adds up what the drafter would have saved (each step's time beyond its tokens at ``DRAFTER_SPEEDUP`` times
+    the plain rate, an optimistic guess that buys early); once that regret reaches the read's price, it reads
+    (ski rental: never worse than twice the better choice). A read priced at a few plain steps is bought at
+    once (``READ_AT_ONCE_STEPS``).
     """
 
     DRAFTER_SPEEDUP = 2.0
     PRIOR_READ_SHARE = 0.25  # drafter read seconds / target prefill seconds, until a read is measured
     MIN_MEASURED_READ = 64  # tokens; shorter reads are dominated by per-call overhead
-    # a read priced at up to this many plain steps is bought at once. Most answers run long enough to repay a
-    # few steps, and renting first costs short answers most: with the read of a 65-200 token prompt (1-3.6
-    # steps here) deferred, Spec-Bench reasoning and extraction answers of 11-15 tokens spent 2-3 plain steps
-    # and lookup rounds first and ran at 0.88-0.99x of plain decoding, against 1.14-1.33x reading at once.
-    # Summaries and RAG prompts (660-740 tokens, 11 steps) still rent.
+    # a read priced at up to this many plain steps is bought at once: most answers repay it, and renting
+    # first costs short answers most
     READ_AT_ONCE_STEPS = 6.0
 
     def __init__(self, read_share: float | None, target_seconds_per_token: float) -> None:

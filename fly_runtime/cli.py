@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from fly_runtime.config import GenerationConfig
+from fly_runtime.config import MODES, REQUEST_SETTINGS, GenerationConfig
 from fly_runtime.errors import FlyError
 
 
@@ -23,45 +23,24 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="the target's weights on ONNX Runtime (auto: measured fastest on this machine)")
 
 
-# the GenerationConfig fields the command line sets, each as --field-name (defaults from GenerationConfig)
-DECODING_FIELDS = ("k", "window", "entropy_threshold", "min_prob_ratio", "exact_numbers", "exact_code",
-                   "exact_opening", "ngram", "adaptive", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
-                   "warn_prompt_tokens")
-
-
-def _add_decoding_args(parser: argparse.ArgumentParser) -> None:
+def _add_decoding_args(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
+    """One --flag-name per request setting (config.REQUEST_SETTINGS), defaulting as GenerationConfig does."""
     defaults = GenerationConfig()
-    switch = argparse.BooleanOptionalAction
-    parser.add_argument("--k", type=int, default=defaults.k, help="drafts per round (default: 5 exact, 8 fly)")
-    parser.add_argument("--window", type=int, default=defaults.window, help="FLy deferred window W")
-    parser.add_argument("--entropy-threshold", type=float, default=defaults.entropy_threshold,
-                        help="FLy entropy gate θ")
-    parser.add_argument("--min-prob-ratio", type=float, default=defaults.min_prob_ratio,
-                        help="FLy forgives a drafted token only if the target gives it this fraction of its top "
-                             "token's probability (0: the paper's rule)")
-    parser.add_argument("--exact-numbers", action=switch, default=defaults.exact_numbers,
-                        help="FLy never forgives a drafted token where it or the target's token holds a digit")
-    parser.add_argument("--exact-code", action=switch, default=defaults.exact_code,
-                        help="FLy verifies fenced code blocks (```) exactly")
-    parser.add_argument("--exact-opening", type=int, default=defaults.exact_opening,
-                        help="FLy verifies the reply's first N tokens exactly (0: off)")
-    parser.add_argument("--ngram", action=switch, default=defaults.ngram,
-                        help="check prompt-lookup n-grams with the drafter before it drafts alone")
-    parser.add_argument("--adaptive", action=switch, default=defaults.adaptive,
-                        help="adapt the draft length, stop unsure drafts, fall back to plain decoding when "
-                             "speculation does not pay (--k fixes K and turns this off)")
-    parser.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
-    parser.add_argument("--temperature", type=float, default=defaults.temperature)
-    parser.add_argument("--top-k", type=int, default=defaults.top_k)
-    parser.add_argument("--top-p", type=float, default=defaults.top_p)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--warn-prompt-tokens", type=int, default=defaults.warn_prompt_tokens,
-                        help="warn before reading a prompt longer than this many tokens (0: never)")
+    for name, help_text in REQUEST_SETTINGS.items():
+        if name in exclude:
+            continue
+        flag, default = "--" + name.replace("_", "-"), getattr(defaults, name)
+        if name == "mode":
+            parser.add_argument(flag, choices=MODES, default=default, help=help_text)
+        elif isinstance(default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        else:  # k and seed default to None and take integers
+            parser.add_argument(flag, type=int if default is None else type(default), default=default, help=help_text)
 
 
 def _config(args: argparse.Namespace, **extra) -> GenerationConfig:
-    settings = {name: getattr(args, name) for name in DECODING_FIELDS}
-    return GenerationConfig(mode=getattr(args, "mode", "fly"), **settings, **extra)
+    settings = {name: getattr(args, name) for name in REQUEST_SETTINGS if hasattr(args, name)}
+    return GenerationConfig(**settings, **extra)
 
 
 def _model_settings(args: argparse.Namespace):
@@ -108,7 +87,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"[{args.mode}] {result.stats.new_tokens} tokens in {result.stats.seconds:.2f} s "
               f"({result.stats.tokens_per_second:.1f} tok/s), τ={result.stats.mean_accepted:.2f}, "
               f"acceptance={result.stats.acceptance_rate:.2f}, forgiven={result.stats.fly_forgiven}, "
-              f"mean K={result.stats.k:.1f}, plain steps={result.stats.plain_steps}",
+              f"mean K={result.stats.mean_k:.1f}, plain steps={result.stats.plain_steps}",
               file=sys.stderr)
     return 0
 
@@ -149,7 +128,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     engines = {spec.precision: get_engine(replace(settings, precision=spec.precision))
                for spec in modes if spec.precision}
     described = {"target": settings.target, "draft": settings.draft, "backend": engine.target.backend.name,
-                 **{name: getattr(base, name) for name in DECODING_FIELDS if name not in ("max_new_tokens", "seed")}}
+                 **{name: getattr(base, name) for name in REQUEST_SETTINGS if name not in ("mode", "max_new_tokens", "seed")}}
     run_benchmark(engine, tasks, modes, base, args.suite, Path(args.out), hf, described, llama, engines)
     print((Path(args.out) / "summary.md").read_text())
     return 0
@@ -188,7 +167,7 @@ def cmd_models(args: argparse.Namespace) -> int:
                 from fly_runtime.tuning import choose_precision
 
                 precision = choose_precision(model)
-            line += f", ONNX {precision} {model.onnx_dir(precision)}"
+            line += f", ONNX {precision} {model.build_onnx(precision)}"
         print(line)
     return 0
 
@@ -212,7 +191,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate a reply (streamed) with the FLy engine")
     _add_model_args(gen)
-    gen.add_argument("--mode", choices=["ar", "exact", "fly"], default="fly")
     _add_decoding_args(gen)
     gen.add_argument("--stop", action="append", help="stop string (repeatable); may span several tokens")
     gen.add_argument("--system", default=None, help="system message (chat mode)")
@@ -226,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="speed (Spec-Bench) and accuracy retention (GSM8K, HumanEval) per mode")
     _add_model_args(bench)
-    _add_decoding_args(bench)
+    _add_decoding_args(bench, exclude=("mode",))
     bench.set_defaults(max_new_tokens=128)
     bench.add_argument("--suite", choices=["spec-bench", "gsm8k", "humaneval"], default="spec-bench")
     bench.add_argument("--limit", type=int, default=None, help="first N prompts")

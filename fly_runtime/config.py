@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -15,6 +16,32 @@ CODE_FENCE = ("```", "```")  # opens and closes a Markdown code block
 # Draft length per mode when the user fixes none. FLy needs K > window so a forgivable mismatch can be
 # followed by a full window of checked drafts.
 DEFAULT_K: dict[str, int] = {"ar": 0, "exact": 5, "fly": 8}
+
+# The settings a user may set per request, each a GenerationConfig field of the same name, with its help: the
+# CLI's flags, the adapters' fields and per-call keywords and the bench's recorded settings all come from here.
+REQUEST_SETTINGS: dict[str, str] = {
+    "mode": "ar (plain decoding), exact (speculative, the same output as ar) or fly (loosely speculative)",
+    "k": "drafts per round (default: 5 exact, 8 fly); fixing it turns adaptive drafting off",
+    "window": "FLy's deferred window W: a forgiven mismatch needs W natively accepted drafts after it",
+    "entropy_threshold": "FLy's entropy gate θ: mismatches where the target is more certain are never forgiven",
+    "entropy_top_k": "FLy's entropy is taken over the target's top-k probabilities",
+    "min_prob_ratio": "FLy forgives a drafted token only if the target gives it this fraction of its top token's "
+                      "probability (0: the paper's rule)",
+    "exact_numbers": "FLy never forgives a drafted token where it or the target's token holds a digit",
+    "exact_code": "FLy verifies fenced code blocks (```) exactly",
+    "exact_opening": "FLy verifies the reply's first N tokens exactly (0: off)",
+    "ngram": "check prompt-lookup n-grams with the drafter before it drafts alone",
+    "adaptive": "adapt the draft length, stop unsure drafts, fall back to plain decoding where speculation "
+                "does not pay",
+    "max_new_tokens": "most tokens to generate",
+    "temperature": "sampling temperature (0: greedy)",
+    "top_k": "sample from the k most likely tokens (0: off)",
+    "top_p": "sample from the smallest set of tokens holding this probability (1: off)",
+    "seed": "seed for sampling (a seeded request repeats exactly)",
+    "warn_prompt_tokens": "warn before reading a prompt longer than this many tokens (0: never)",
+    "context_window": "most tokens one request may hold, prompt and reply together (default: the target's "
+                      "maximum)",
+}
 
 
 @dataclass(frozen=True)
@@ -40,6 +67,12 @@ class GenerationConfig:
     # a prompt longer than this (tokens the target must read, past its cache) is announced with a warning:
     # a CPU reads ~100 tokens a second, so 200 bound tools (14k tokens) take minutes; 0 = never warn
     warn_prompt_tokens: int = 4096
+    # most tokens a request may hold, prompt and reply; None = the target's maximum. The adapters default to
+    # 8192: frameworks pack prompts up to the stated window, and a CPU reads a long prompt slowly
+    context_window: int | None = None
+    # a JSON schema (as a JSON string) the reply must follow: every position the target decides is masked to what
+    # the schema allows, and drafts are verified exactly. '{"type": "object"}' asks for any JSON object
+    json_schema: str | None = None
     # (opening, closing) text markers of output spans that FLy verifies exactly, e.g. a tool call's JSON
     exact_spans: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     # FLy never forgives a drafted token when it or the target's token holds a digit: a different number is a
@@ -95,8 +128,18 @@ class GenerationConfig:
             raise InvalidSettingsError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
         if self.warn_prompt_tokens < 0:
             raise InvalidSettingsError(f"warn_prompt_tokens must be >= 0 (0 = never warn), got {self.warn_prompt_tokens}")
+        if self.context_window is not None and self.context_window < 2:
+            raise InvalidSettingsError(f"context_window must be at least 2 tokens (or None: the target's maximum), "
+                                       f"got {self.context_window}")
         if self.timeout is not None and not self.timeout > 0:
             raise InvalidSettingsError(f"timeout must be > 0 seconds (or None), got {self.timeout}")
+        if self.json_schema is not None:
+            try:
+                schema = json.loads(self.json_schema)
+            except (TypeError, json.JSONDecodeError) as exc:
+                raise InvalidSettingsError(f"json_schema must be a JSON schema as a JSON string: {exc}") from None
+            if not isinstance(schema, dict):
+                raise InvalidSettingsError(f"json_schema must be a JSON object, got {type(schema).__name__}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise InvalidSettingsError(f"stop sequences must be non-empty strings, got {s!r}")

@@ -16,17 +16,32 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from fly_runtime.adaptive import DraftShape
 from fly_runtime.backends.base import CachedSequence
 from fly_runtime.sampling import Sampler
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """What the policy asks of one round's draft."""
+
+    k: int  # most tokens to draft this round
+    confidence_floor: float  # drafter stops (or starts its extension) below this top-1 probability
+    extension: int  # tokens drafted past the first doubtful one (FLy's window), 0 = stop at once
+    gate_ngrams: bool = False  # stop offering n-gram proposals in a request where the drafter rejects them
 
 
 @dataclass
 class Draft:
     token_ids: list[int] = field(default_factory=list)
-    # [len(token_ids), V]: the distribution each token was drawn from; None when drafting greedily
+    # [len(token_ids), V]: the distribution each token was drawn from; None for a deterministic proposal
+    # (greedy drafting, prompt lookup), which verification treats as probability 1 on the drafted token
     probs: torch.Tensor | None = None
     forwards: int = 0  # drafter forward passes spent on this draft
+
+    def head(self, n: int) -> "Draft":
+        """The first ``n`` tokens of this draft."""
+        probs = self.probs[:n] if self.probs is not None else None
+        return Draft(self.token_ids[:n], probs, self.forwards)
 
 
 class Drafter(Protocol):
@@ -65,10 +80,9 @@ def _one_hot_rows(token_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
 class NgramDrafter:
     """Prompt-lookup proposals: longest n-gram first (max_ngram down to 1), earliest match in the context."""
 
-    def __init__(self, max_ngram: int = 4, max_tokens: int = 6, vocab_size: int | None = None) -> None:
+    def __init__(self, max_ngram: int = 4, max_tokens: int = 6) -> None:
         self.max_ngram = max_ngram
         self.max_tokens = max_tokens
-        self.vocab_size = vocab_size  # needed only to express proposals as distributions when sampling
 
     def lookup(self, context: Sequence[int], k: int) -> list[int]:
         limit = min(k, self.max_tokens)
@@ -85,11 +99,7 @@ class NgramDrafter:
         return []
 
     def propose(self, context: Sequence[int], shape: DraftShape, sampler: Sampler) -> Draft:
-        tokens = self.lookup(context, shape.k)
-        probs = None
-        if not sampler.greedy and self.vocab_size is not None:
-            probs = _one_hot_rows(tokens, self.vocab_size)  # a deterministic proposal is a one-hot draw
-        return Draft(tokens, probs, 0)
+        return Draft(self.lookup(context, shape.k))  # deterministic: no distribution to carry
 
     def begin(self) -> None:
         pass
@@ -128,7 +138,7 @@ class ModelDrafter:
         return max(0, len(context) - 1 - self.sequence.reusable(context))
 
     def catch_up(self, context: Sequence[int]) -> None:
-        unread = self.sequence.pending(context)
+        unread = self.sequence.crop_to_prefix(context)
         if len(unread) > 1:
             self.sequence.extend(unread[:-1], keep=1)
 
@@ -142,7 +152,7 @@ class ModelDrafter:
     def propose(self, context: Sequence[int], shape: DraftShape, sampler: Sampler) -> Draft:
         draft = Draft()
         rows: list[torch.Tensor] = []
-        feed = self.sequence.pending(context)  # ids the drafter has not seen yet (at least the last one)
+        feed = self.sequence.crop_to_prefix(context)  # ids the drafter has not seen yet (at least the last one)
         limit = shape.k
         doubted = False
         while len(draft.token_ids) < limit:
@@ -170,7 +180,7 @@ class ModelDrafter:
                 if confidence < shape.confidence_floor:
                     if len(draft.token_ids) == 1 and shape.extension == 0:
                         # a lone doubtful token is not worth verifying: a target pass over two tokens costs
-                        # more than a plain step (~1.4x here) and such tokens are seldom kept
+                        # more than a plain step and such tokens are seldom kept
                         draft.token_ids, rows = [], []
                         break
                     if doubted or shape.extension == 0:
@@ -183,7 +193,7 @@ class ModelDrafter:
 
     def commit(self, context: Sequence[int]) -> None:
         # keep what the target kept; the first id not in the cache is fed with the next proposal
-        self.sequence.pending(context)
+        self.sequence.crop_to_prefix(context)
 
     def reset(self) -> None:
         self.sequence.reset()

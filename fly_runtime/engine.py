@@ -3,8 +3,8 @@
 One engine owns one target and (optionally) one drafter, each with a single KV cache, so requests are
 served one at a time under a lock. Output is streamed as committed text pieces. A finished request leaves its
 caches behind, and the next one reuses them as far as its prompt starts the same way: a chat resends its
-history each turn, an agent its system prompt and tool schemas, and reading those again costs the target
-~13 ms a token on the 2-core CPU measured (6 s for a 500-token agent prompt).
+history each turn, an agent its system prompt and tool schemas, and reading those again is a CPU's dearest
+work (docs/design.md, "Prompt cache").
 """
 
 from __future__ import annotations
@@ -14,19 +14,22 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 
-from fly_runtime.adaptive import CostProfile, DeferredRead, DraftPolicy, DraftShape
+from fly_runtime.adaptive import CostProfile, DeferredRead
 from fly_runtime.backends.base import CachedSequence
 from fly_runtime.config import CODE_FENCE, GenerationConfig
-from fly_runtime.drafters import Draft, Drafter
+from fly_runtime.constraint import JsonConstraint, grammar_tokenizer
+from fly_runtime.drafters import Draft, Drafter, DraftShape
 from fly_runtime.errors import EngineBusyError, FlyWarning, InvalidPromptError, InvalidSettingsError
 from fly_runtime.numbers import digit_token_mask
+from fly_runtime.proposer import Learned, Proposal, Proposer
 from fly_runtime.sampling import Sampler
 from fly_runtime.spans import ExactSpans
 from fly_runtime.text import StopTextStream
+from fly_runtime.timing import median_seconds, pass_seconds
 from fly_runtime.verify import FlyRule, Verdict, verify_greedy, verify_sampling
 
 
@@ -40,7 +43,7 @@ class GenerationStats:
     drafted_tokens: int = 0
     native_accepted: int = 0
     fly_forgiven: int = 0
-    k: float = 0.0  # mean draft length per speculative round
+    mean_k: float = 0.0  # mean draft length per speculative round
     plain_steps: int = 0  # steps decoded without speculation (measuring, falling back, or lookup found nothing)
     lookup_rounds: int = 0  # rounds drafted by prompt lookup alone, before the model drafter read the prompt
     seconds: float = 0.0
@@ -58,6 +61,14 @@ class GenerationStats:
     @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def __add__(self, other: "GenerationStats") -> "GenerationStats":
+        """Two generations' stats together (one reply that took two), counts and seconds summed."""
+        summed = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        rounds = self.new_tokens + other.new_tokens
+        summed["mean_k"] = ((self.mean_k * self.new_tokens + other.mean_k * other.new_tokens) / rounds
+                            if rounds else 0.0)
+        return GenerationStats(**summed)
 
     def as_dict(self) -> dict:
         return asdict(self) | {
@@ -134,15 +145,15 @@ class FlyEngine:
         vocab_size: int,
         eos_token_ids: Sequence[int],
         max_context: int,
-        ngram_drafter: Drafter | None = None,
+        cascade: Drafter | None = None,
         lookup_drafter: Drafter | None = None,
         host_threads: int | None = None,
     ) -> None:
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter
-        # the same drafter with prompt-lookup n-grams in front (the cascade), used when a request asks for it
-        self.ngram_drafter = ngram_drafter or drafter
+        # the same drafter with prompt-lookup n-grams in front, used when a request asks for n-grams
+        self.cascade = cascade or drafter
         # prompt lookup alone (free to draft), for adaptive requests until the model drafter has read the
         # prompt; None where the drafter reads nothing (it is prompt lookup itself)
         self.lookup_drafter = lookup_drafter
@@ -151,16 +162,13 @@ class FlyEngine:
         self.max_context = max_context
         # torch threads while the engine works on logits itself (argmax, verification, the drafter's stop test);
         # None leaves torch's setting alone. Where the models run on ONNX Runtime its thread pool spins on the
-        # same cores between runs, and torch's own pool contending with it made each drafter pass that reads
-        # its confidence 40% dearer here (22.5 ms against 16; 15.2 with one torch thread)
+        # same cores between runs, and torch's own pool contending with it slows every drafter pass
         self.host_threads = host_threads
         self._lock = threading.Lock()
         self._holder: int | None = None  # the thread whose request holds the lock (a stream may sit open there)
-        self._plain_step_seconds: float | None = None  # measured cost of one plain target step
-        self._prefill_seconds_per_token: float | None = None  # measured cost of the target reading a prompt
-        self._read_share: float | None = None  # measured drafter prompt read / target prefill, per token
+        self.learned = Learned()  # prices measured on this machine, kept across requests
         self._digit_tokens: torch.Tensor | None = None  # built on the first FLy request that protects numbers
-        self._costs: CostProfile | None = None  # measured on the first speculative request
+        self._grammar_tokenizer = None  # built on the first structured request
 
     # ----------------------------------------------------------------------------------------------- API
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig) -> GenerationStream:
@@ -218,134 +226,104 @@ class FlyEngine:
 
     def _drafter_views(self) -> list[Drafter]:
         """The plain and the n-gram cascade drafter: two views of one drafter cache, each with its own state."""
-        return [view for view in (self.drafter, self.ngram_drafter) if view is not None]
+        return [view for view in (self.drafter, self.cascade) if view is not None]
 
     def _check_prompt(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
         prompt = list(prompt_ids)
         if not prompt:
             raise InvalidPromptError("the prompt is empty: pass at least one token")
-        if len(prompt) + config.max_new_tokens > self.max_context:
+        window = self.max_context if config.context_window is None else min(config.context_window, self.max_context)
+        if len(prompt) + config.max_new_tokens > window:
+            setting = ("context_window (num_ctx in LangChain)" if window < self.max_context
+                       else "the target's context window")
             raise InvalidPromptError(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds the target's "
-                f"context window ({self.max_context} tokens): shorten the prompt or lower max_new_tokens."
-            )
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds {setting}: "
+                f"{window} tokens. Shorten the prompt or lower max_new_tokens"
+                + (f", or raise context_window (up to the target's {self.max_context})." if window < self.max_context
+                   else "."))
         return prompt
 
     # ------------------------------------------------------------------------------------------- the loop
     def _run(self, stream: GenerationStream, prompt: list[int], config: GenerationConfig) -> Iterator[str]:
         with self._hold(), _torch_threads(self.host_threads):
-            start = time.perf_counter()
-            if config.mode != "ar" and self._costs is None:
-                self._costs = self._measure_costs()  # once per engine (a few passes); the timeout counts it
-            generator = torch.Generator().manual_seed(config.seed if config.seed is not None else
-                                                       int(torch.randint(0, 2**62, ()).item()))
-            sampler = Sampler(config.temperature, config.top_k, config.top_p, generator)
-            checks = self._verification(config, prompt)
-            stats = GenerationStats(prompt_tokens=len(prompt))
-            policy = DraftPolicy(config, self._plain_step_seconds, self._costs) if config.mode != "ar" else None
-            text = StopTextStream(self.tokenizer, config.stop)
-            committed: list[int] = []
-            finish = "length"
-            completed = False
+            request = self._start(prompt, config)
             try:
-                for view in self._drafter_views():
-                    view.begin()
-                unread = self.target.pending(prompt)  # what the previous request left cached is kept
-                stats.cached_tokens = len(prompt) - len(unread)
-                prefill_start = time.perf_counter()
-                deadline = None if config.timeout is None else start + config.timeout
-                if 0 < config.warn_prompt_tokens < len(unread):
-                    self._warn_long_read(len(unread))
-                logits = self._read_prompt(unread, deadline)
-                read = len(self.target) - stats.cached_tokens  # less than unread where the timeout cut it short
-                if read:
-                    self._learn_prefill(read, time.perf_counter() - prefill_start)
-                stats.target_forwards += 1
-                drafter = self.ngram_drafter if config.ngram else self.drafter
-                # an adaptive request lets the model drafter read the prompt only once that is likely to pay
-                deferral = None
-                if policy is not None and policy.adaptive and self.lookup_drafter is not None and \
-                        self._prefill_seconds_per_token is not None:  # None only where no token was read
-                    deferral = DeferredRead(self._read_share, self._prefill_seconds_per_token)
-                lookup = self.lookup_drafter if config.ngram else None
-                # a prompt read cut short by the timeout yields no token: the loop's first check ends the request
-                new = [sampler.pick(logits[0, : self.vocab_size])[0]] if logits is not None else []
+                new = self._prefill(request)
                 while True:
-                    new, ended = self._clip(new, config.max_new_tokens - len(committed))
-                    committed.extend(new)
-                    if checks.spans is not None:
-                        checks.spans.commit(new)
-                    piece = text.push(new)
+                    piece = request.commit(new)
                     if piece:
                         yield piece
-                    if ended or text.stopped:
-                        finish = "stop"
+                    if request.finish is not None:
                         break
-                    if len(committed) >= config.max_new_tokens:
-                        break
-                    if config.timeout is not None and time.perf_counter() - start > config.timeout:
-                        finish = "timeout"
-                        break
-                    remaining = config.max_new_tokens - len(committed)
-                    context = prompt + committed
-                    step_start = time.perf_counter()
-                    if policy is None or policy.next_is_plain() or remaining <= 1:
-                        new = self._plain_step(committed[-1], sampler, stats, policy)
-                    elif not policy.model_drafts or (
-                            deferral is not None and not deferral.due(drafter.unread(context), policy.plain_step_seconds,
-                                                                      remaining)):
-                        new = self._lookup_step(lookup, context, remaining, sampler, checks, stats, policy)
-                    else:
-                        # counted only while the read is still to be priced: a scan of the context, not per round
-                        unread_by_drafter = drafter.unread(context) if deferral is not None else 0
-                        drafter.catch_up(context)  # the prompt, or what a plain stretch decoded
-                        if deferral is not None:
-                            self._read_share = deferral.learn(unread_by_drafter, time.perf_counter() - step_start)
-                            deferral = None
-                        # the round is timed from here: the policy prices drafting by a round's draft time,
-                        # which reading is not part of
-                        shape = policy.shape(remaining - 1, checks.strict_leading(len(context)))
-                        new = self._drafted_step(drafter, context, shape, sampler, checks, stats, policy)
-                    if deferral is not None:
-                        deferral.record(len(new), time.perf_counter() - step_start, policy.plain_step_seconds)
-                completed = True
-                tail = text.finish()
+                    new = self._step(request)
+                tail = request.text.finish()
                 if tail:
                     yield tail
-            finally:
-                if not completed:
-                    # a request that failed inside a forward pass may leave a cache out of step with its ids;
-                    # one abandoned or failed for any reason leaves nothing for the next request to trust
-                    self._reset_caches()
-            stats.new_tokens = len(text.token_ids)
-            stats.seconds = time.perf_counter() - start
-            if policy is not None:
-                stats.k = policy.mean_k
-                stats.plain_steps = policy.plain_steps
-            stream.result = GenerationResult(text.released, list(text.token_ids), finish, stats)
+            except BaseException:
+                # a request that failed inside a forward pass may leave a cache out of step with its ids; one
+                # abandoned or failed for any reason leaves nothing for the next request to trust
+                self._reset_caches()
+                raise
+            stream.result = request.result()
+
+    def _start(self, prompt: list[int], config: GenerationConfig) -> _Request:
+        start = time.perf_counter()
+        if config.mode != "ar" and self.learned.costs is None:
+            self.learned.costs = self._measure_costs()  # once per engine (a few passes); the timeout counts it
+        seed = config.seed if config.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        sampler = Sampler(config.temperature, config.top_k, config.top_p, torch.Generator().manual_seed(seed))
+        request = _Request(prompt, config, sampler, self._verification(config, prompt),
+                           StopTextStream(self.tokenizer, config.stop), self.eos_token_ids, start)
+        if config.json_schema is not None:
+            if self._grammar_tokenizer is None:
+                self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            request.constraint = JsonConstraint(self._grammar_tokenizer, config.json_schema, self.vocab_size,
+                                                self.eos_token_ids)
+        return request
+
+    def _prefill(self, request: _Request) -> list[int]:
+        """Read the prompt (past what the previous request left cached) and pick the first token."""
+        for view in self._drafter_views():
+            view.begin()
+        stats = request.stats
+        unread = self.target.crop_to_prefix(request.prompt)
+        stats.cached_tokens = len(request.prompt) - len(unread)
+        if 0 < request.config.warn_prompt_tokens < len(unread):
+            self._warn_long_read(len(unread))
+        began = time.perf_counter()
+        logits = self._read_prompt(unread, request.deadline)
+        read = len(self.target) - stats.cached_tokens  # less than unread where the timeout cut it short
+        if read:
+            self._learn_prefill(read, time.perf_counter() - began)
+        stats.target_forwards += 1
+        ngram = request.config.ngram
+        request.proposer = Proposer(request.config, self.cascade if ngram else self.drafter,
+                                    self.lookup_drafter if ngram else None, self.lookup_drafter is not None,
+                                    self.learned, request.sampler)
+        # a prompt read cut short by the timeout yields no token: the first commit ends the request
+        return [request.pick(logits[0, : self.vocab_size])] if logits is not None else []
+
+    def _step(self, request: _Request) -> list[int]:
+        """One round: the proposer's draft verified by one target pass, or a plain step; the tokens to commit."""
+        context = request.prompt + request.committed
+        proposal = request.proposer.propose(context, request.remaining,
+                                            request.checks.strict_leading(len(context)))
+        if proposal.plain:
+            new, verdict = self._plain_step(context[-1], request), None
+        else:
+            new, verdict = self._verify(proposal, context, request)
+        request.proposer.record(proposal, verdict, len(new))
+        return new
 
     def _measure_costs(self, context: int = 32, repeats: int = 3) -> CostProfile:
         """Time a one-token target step, a nine-token target pass and the drafter's tokens (caches are dropped
         before and after), for the policy's decision whether model drafts can pay at all."""
         filler = [self.tokenizer.encode(" the", add_special_tokens=False)[0]] * context
-
-        def median(run) -> float:
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                run()
-                samples.append(time.perf_counter() - start)
-            return sorted(samples)[len(samples) // 2]
-
         self._reset_caches()
         try:
             self.target.extend(filler, keep=1)
-
-            def target_pass(n: int) -> None:
-                self.target.extend(filler[:n])
-                self.target.crop(context)
-
-            step, nine = median(lambda: target_pass(1)), median(lambda: target_pass(9))
+            step, nine = (pass_seconds(self.target.extend, self.target.crop, context, filler[:n], repeats)
+                          for n in (1, 9))
             assert self.drafter is not None
             self.drafter.catch_up(filler)
             greedy = Sampler(0.0, 0, 1.0, torch.Generator())
@@ -355,17 +333,17 @@ class FlyEngine:
                 drafted.append(self.drafter.propose(filler, DraftShape(4, 0.0, 0), greedy))
                 self.drafter.commit(filler)
 
-            seconds = median(draft_four)
+            seconds = median_seconds(draft_four, repeats)
             forwards = drafted[-1].forwards  # 0 where the drafter is prompt lookup itself
             draft_token = seconds / forwards if forwards else 0.0
         finally:
             self._reset_caches()
         return CostProfile(step=step, row=max(0.0, nine - step) / 8, draft=draft_token)
 
-    PROMPT_CHUNK = 128  # tokens per target pass while reading a prompt (~2 s on 2 cores at fp32)
+    PROMPT_CHUNK = 128  # tokens per target pass while reading a prompt: a timeout or Ctrl-C acts within one
 
     def _warn_long_read(self, tokens: int) -> None:
-        rate = self._prefill_seconds_per_token
+        rate = self.learned.prefill_per_token
         estimate = f", about {tokens * rate:.0f} s at this machine's measured rate" if rate else ""
         warnings.warn(f"fly: reading a {tokens:,}-token prompt{estimate}; a timeout or Ctrl-C stops it within "
                       f"{self.PROMPT_CHUNK} tokens (warn_prompt_tokens sets when this is said)", FlyWarning,
@@ -386,11 +364,11 @@ class FlyEngine:
     def _learn_prefill(self, tokens: int, seconds: float) -> None:
         """Keep the target's per-token prompt-reading cost, which prices the drafter's read. A prompt read
         mostly from the cache measures per-call overhead instead, so only long reads replace a measured cost."""
-        if tokens >= DeferredRead.MIN_MEASURED_READ or self._prefill_seconds_per_token is None:
-            self._prefill_seconds_per_token = seconds / tokens
+        if tokens >= DeferredRead.MIN_MEASURED_READ or self.learned.prefill_per_token is None:
+            self.learned.prefill_per_token = seconds / tokens
 
     def _verification(self, config: GenerationConfig, prompt: list[int]) -> Verification:
-        if config.mode != "fly":
+        if config.mode != "fly" or config.json_schema is not None:  # structured replies are verified exactly
             return Verification()
         markers = config.exact_spans + ((CODE_FENCE,) if config.exact_code else ())
         spans = ExactSpans(self.tokenizer, markers, prompt) if markers else None
@@ -403,92 +381,32 @@ class FlyEngine:
                        entropy_top_k=config.entropy_top_k, min_prob_ratio=config.min_prob_ratio)
         return Verification(rule, spans, protected, len(prompt) + config.exact_opening)
 
-    def _clip(self, new: list[int], budget: int) -> tuple[list[int], bool]:
-        """Cut ``new`` at the first EOS (dropped) or at the token budget; say whether EOS ended generation."""
-        for i, token in enumerate(new[:budget]):
-            if token in self.eos_token_ids:
-                return new[:i], True
-        return new[:budget], False
-
-    def _plain_step(
-        self, last: int, sampler: Sampler, stats: GenerationStats, policy: DraftPolicy | None
-    ) -> list[int]:
-        """One target step; timed for the policy, whose plain-step estimate the engine keeps for later requests."""
-        start = time.perf_counter()
+    def _plain_step(self, last: int, request: _Request) -> list[int]:
         logits = self.target.extend([last])
-        stats.target_forwards += 1
-        token, _ = sampler.pick(logits[0, : self.vocab_size])
-        if policy is not None:
-            policy.record_plain(time.perf_counter() - start)
-            self._plain_step_seconds = policy.plain_step_seconds
-        return [token]
+        request.stats.target_forwards += 1
+        return [request.pick(logits[0, : self.vocab_size])]
 
-    def _lookup_step(
-        self,
-        lookup: Drafter | None,
-        context: list[int],
-        remaining: int,
-        sampler: Sampler,
-        checks: Verification,
-        stats: GenerationStats,
-        policy: DraftPolicy,
-    ) -> list[int]:
-        """A round drafted by prompt lookup alone, or a plain step where lookup finds nothing (or is off)."""
-        draft = lookup.propose(context, DraftShape(remaining - 1, 0.0, 0), sampler) if lookup else Draft()
-        keep = policy.lookup.length(len(draft.token_ids))  # the part worth a target row each
-        if not keep:
-            return self._plain_step(context[-1], sampler, stats, policy)
-        assert lookup is not None
-        if keep < len(draft.token_ids):
-            probs = draft.probs[:keep] if draft.probs is not None else None
-            draft = Draft(draft.token_ids[:keep], probs, draft.forwards)
-        stats.lookup_rounds += 1
-        new, verdict = self._verify(lookup, draft, context, sampler, checks, stats)
-        policy.lookup.record(verdict.accepted, keep)
-        return new
-
-    def _drafted_step(
-        self,
-        drafter: Drafter,
-        context: list[int],
-        shape: DraftShape,
-        sampler: Sampler,
-        checks: Verification,
-        stats: GenerationStats,
-        policy: DraftPolicy,
-    ) -> list[int]:
-        """A round drafted by the drafter the request chose, timed for the policy."""
-        start = time.perf_counter()
-        draft = drafter.propose(context, shape, sampler)
-        draft_seconds = time.perf_counter() - start
-        new, verdict = self._verify(drafter, draft, context, sampler, checks, stats)
-        policy.record_round(len(draft.token_ids), verdict.accepted, len(new), draft_seconds,
-                            time.perf_counter() - start - draft_seconds, verdict.matched)
-        return new
-
-    def _verify(
-        self,
-        drafter: Drafter,
-        draft: Draft,
-        context: list[int],
-        sampler: Sampler,
-        checks: Verification,
-        stats: GenerationStats,
-    ) -> tuple[list[int], Verdict]:
+    def _verify(self, proposal: Proposal, context: list[int], request: _Request) -> tuple[list[int], Verdict]:
         """One target pass over the draft: the committed tokens and the verdict."""
+        stats, checks, sampler = request.stats, request.checks, request.sampler
+        masks = None
+        if request.constraint is not None:  # the draft ends where the grammar forbids it
+            masks, allowed = request.constraint.masks_along(proposal.draft.token_ids)
+            proposal.draft = proposal.draft.head(allowed)
+        draft = proposal.draft
         draft_ids = draft.token_ids
         cached = len(self.target)  # the target has seen all of context but its last token
         logits = self.target.extend([context[-1], *draft_ids])[:, : self.vocab_size]
+        if masks is not None:
+            logits = logits.masked_fill(~masks, float("-inf"))
         stats.target_forwards += 1
         ids = torch.tensor(draft_ids, dtype=torch.long)
         strict = checks.strict_positions(len(context), draft_ids)
         if sampler.greedy:
             verdict = verify_greedy(logits, ids, checks.rule, strict, checks.protected)
         else:
-            target_probs = sampler.probs(logits)
-            draft_probs = draft.probs if draft.probs is not None else torch.zeros(0, self.vocab_size)
-            verdict = verify_sampling(target_probs, draft_probs, ids, sampler.generator, checks.rule, strict,
-                                      checks.protected)
+            verdict = verify_sampling(sampler.probs(logits), draft.probs, ids, sampler.generator, checks.rule,
+                                      strict, checks.protected)
         stats.drafter_forwards += draft.forwards
         stats.drafted_tokens += len(draft_ids)
         stats.native_accepted += verdict.native
@@ -496,8 +414,70 @@ class FlyEngine:
         kept = draft_ids[: verdict.accepted]
         # the target keeps context + kept drafts; the new token is fed at the start of the next round
         self.target.crop(cached + 1 + verdict.accepted)
-        drafter.commit(context + kept + [verdict.next_token])
+        assert proposal.source is not None
+        proposal.source.commit(context + kept + [verdict.next_token])
         return kept + [verdict.next_token], verdict
+
+
+class _Request:
+    """One request's state while the engine serves it."""
+
+    def __init__(self, prompt: list[int], config: GenerationConfig, sampler: Sampler, checks: Verification,
+                 text: StopTextStream, eos: frozenset[int], start: float) -> None:
+        self.prompt, self.config, self.sampler, self.checks, self.text = prompt, config, sampler, checks, text
+        self.eos = eos
+        self.start = start
+        self.deadline = None if config.timeout is None else start + config.timeout
+        self.stats = GenerationStats(prompt_tokens=len(prompt))
+        self.committed: list[int] = []
+        self.finish: str | None = None  # set once the request has ended: "stop", "length" or "timeout"
+        self.proposer: Proposer  # made once the prompt is read
+        self.constraint: JsonConstraint | None = None  # the grammar a structured reply follows
+
+    def pick(self, logits: torch.Tensor) -> int:
+        """The target's token from one row of logits, among those the grammar allows."""
+        if self.constraint is not None:
+            logits = logits.masked_fill(~self.constraint.allowed(), float("-inf"))
+        return self.sampler.pick(logits)[0]
+
+    @property
+    def remaining(self) -> int:
+        return self.config.max_new_tokens - len(self.committed)
+
+    def commit(self, new: list[int]) -> str:
+        """Take the step's tokens (up to the first EOS and the token budget); the text now final."""
+        ended = False
+        for i, token in enumerate(new[: self.remaining]):
+            if token in self.eos:
+                new, ended = new[:i], True
+                break
+        new = new[: self.remaining]
+        self.committed.extend(new)
+        if self.checks.spans is not None:
+            self.checks.spans.commit(new)
+        if self.constraint is not None:
+            self.constraint.commit(new)
+            ended = ended or self.constraint.finished
+        piece = self.text.push(new)
+        if ended or self.text.stopped:
+            self.finish = "stop"
+        elif self.remaining <= 0:
+            self.finish = "length"
+        elif self.deadline is not None and time.perf_counter() > self.deadline:
+            self.finish = "timeout"
+        return piece
+
+    def result(self) -> GenerationResult:
+        stats = self.stats
+        stats.new_tokens = len(self.text.token_ids)
+        stats.seconds = time.perf_counter() - self.start
+        policy = self.proposer.policy
+        if policy is not None:
+            stats.mean_k = policy.mean_k
+            stats.plain_steps = policy.plain_steps
+        stats.lookup_rounds = self.proposer.lookup_rounds
+        assert self.finish is not None
+        return GenerationResult(self.text.released, list(self.text.token_ids), self.finish, stats)
 
 
 @contextmanager

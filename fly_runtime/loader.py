@@ -60,7 +60,7 @@ def _make_backend(model: ResolvedModel, kind: str, device: str | None, precision
     if kind == "onnx":
         from fly_runtime.backends.ort_backend import OrtBackend
 
-        onnx_dir = model.onnx_dir(precision)
+        onnx_dir = model.build_onnx(precision)
         with _loading(model):
             return OrtBackend(onnx_dir, threads=os.cpu_count())
     from fly_runtime.backends.torch_backend import TorchBackend
@@ -139,14 +139,14 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
     cascade: Drafter
     lookup: NgramDrafter | None = None
     if settings.draft is None:
-        drafter = cascade = NgramDrafter(vocab_size=vocab_size)
+        drafter = cascade = NgramDrafter()
     else:
         draft_model = resolve_model(settings.draft)
         check_same_tokenizer(tokenizer, load_tokenizer(draft_model), settings.target, settings.draft)
         draft_sequence = CachedSequence(_make_backend(draft_model, kind, settings.device, "int4"))
         # both views share one drafter cache; a request picks one with its `ngram` setting
         # prompt lookup (stateless) serves twice: in front of the drafter, and alone before the drafter reads
-        lookup = NgramDrafter(vocab_size=vocab_size)
+        lookup = NgramDrafter()
         drafter = ModelDrafter(draft_sequence, vocab_size)
         cascade = ModelDrafter(draft_sequence, vocab_size, lookup)
     precision = target_precision(settings, target_model) if kind == "onnx" else "fp32"
@@ -158,7 +158,7 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         vocab_size=vocab_size,
         eos_token_ids=eos_ids(target_model, tokenizer),
         max_context=target_backend.max_context,
-        ngram_drafter=cascade,
+        cascade=cascade,
         lookup_drafter=lookup,
         host_threads=1 if kind == "onnx" else None,
     )

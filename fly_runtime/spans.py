@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fly_runtime.text import partial_marker_length
+
 
 @dataclass(frozen=True)
 class SpanState:
@@ -27,7 +29,6 @@ class ExactSpans:
     def __init__(self, tokenizer, spans: Sequence[tuple[str, str]], prompt_ids: Sequence[int]) -> None:
         self.tokenizer = tokenizer
         self.spans = tuple(spans)
-        self._longest = max(len(marker) for pair in self.spans for marker in pair)
         # generation may start inside a span the reply already opened (a forced tool call's prompt ends with an
         # opening marker), but not inside one a user's message left open (an inline ``` in a question): only the
         # prompt's text after its last special token, the chat template's turn marker, counts
@@ -71,8 +72,9 @@ class ExactSpans:
                     break
                 position = start + len(closing)
                 closing = None
-        # keep what could still be the start of a marker, but nothing a marker already consumed
-        return SpanState(closing, buffer[max(position, len(buffer) - self._longest + 1):])
+        # keep what could still be the start of the marker looked for next, but nothing a marker consumed
+        watched = [opening for opening, _ in self.spans] if closing is None else [closing]
+        return SpanState(closing, buffer[len(buffer) - partial_marker_length(buffer[position:], watched):])
 
 
 def _after_last_special(tokenizer, ids: Sequence[int]) -> list[int]:

@@ -7,7 +7,19 @@ rounds; nothing after it is ever released.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+
+
+def partial_marker_length(text: str, markers: Iterable[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of one of ``markers``: text that may
+    still turn out to be the start of a marker, so is held back until the next piece tells."""
+    longest = 0
+    for marker in markers:
+        for n in range(min(len(marker) - 1, len(text)), longest, -1):
+            if text.endswith(marker[:n]):
+                longest = n
+                break
+    return longest
 
 
 class StopTextStream:
@@ -37,7 +49,7 @@ class StopTextStream:
         end = len(text)
         while end > 0 and text[end - 1] == "\ufffd":  # an incomplete UTF-8 sequence: wait for its other bytes
             end -= 1
-        end -= self._stop_prefix_length(text[:end])
+        end -= partial_marker_length(text[:end], self.stop)
         return self._release(text[:end])
 
     def finish(self) -> str:
@@ -52,16 +64,6 @@ class StopTextStream:
         delta = text[len(self.released) :]
         self.released = text
         return delta
-
-    def _stop_prefix_length(self, text: str) -> int:
-        """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
-        longest = 0
-        for s in self.stop:
-            for n in range(min(len(s) - 1, len(text)), longest, -1):
-                if text.endswith(s[:n]):
-                    longest = n
-                    break
-        return longest
 
     def _trim_tokens(self, text_end: int) -> None:
         """Drop the tokens that only produced the stop string and what followed it."""

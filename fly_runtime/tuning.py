@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 from fly_runtime.sources.cache import cache_dir
+from fly_runtime.timing import pass_seconds
 
 # what auto may choose: precisions that keep the model's quality (docs/benchmarks.md has the accuracy runs)
 AUTO_CANDIDATES = ("fp32", "int8", "int4")
@@ -58,15 +58,8 @@ def measure_graph(onnx_dir: Path, context: int = 150, rows: tuple[int, ...] = (1
     backend = OrtBackend(onnx_dir, threads=os.cpu_count())
     prompt, tokens = [100 + i % 300 for i in range(context)], list(range(400, 409))  # ids every vocabulary has
     backend.forward(prompt, keep=1)
-    out: dict[str, float] = {}
-    for n in rows:
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            backend.forward(tokens[:n])
-            samples.append(time.perf_counter() - start)
-            backend.crop(context)
-        out[str(n)] = statistics.median(samples[1:]) * 1000
+    out = {str(n): pass_seconds(backend.forward, backend.crop, context, tokens[:n], repeats - 1, warmup=1) * 1000
+           for n in rows}
     single = np.concatenate([backend.forward([t]).numpy() for t in tokens])
     delta = 0.0
     for chunk in (4, 9):
@@ -105,7 +98,7 @@ def choose_precision(model, candidates: tuple[str, ...] = AUTO_CANDIDATES) -> st
         return record["precision"]
     print(f"fly: timing the target at {', '.join(candidates)} on this machine (once; kept in {_records_file()}) ...",
           file=sys.stderr, flush=True)
-    costs = {p: measure_graph(model.onnx_dir(p)) for p in candidates}
+    costs = {p: measure_graph(model.build_onnx(p)) for p in candidates}
     choice = pick(costs)
     records = load_records()
     records[f"{machine_id()}|{model.key}"] = {"model": model.name, "precision": choice, "ms": costs,

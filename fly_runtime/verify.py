@@ -14,9 +14,8 @@ draft token is kept) when
 Several mismatches may be forgiven in one round. ``window=0`` drops the second test and
 ``entropy_threshold=0`` drops the first (ablations). Beyond the paper, the target must also rate the drafted
 token as a real alternative: at least ``min_prob_ratio`` of its own top token's probability (the shape of
-Medusa's typical acceptance). The entropy gate alone passes a token the target gives 5% against 80% for its
-own, and on GSM8K such a token (a swapped name) inverted a relation and changed the answer; every forgiven
-wording difference logged there had a ratio above 0.1. ``min_prob_ratio=0`` gives the paper's rule. Two guards
+Medusa's typical acceptance): the entropy gate alone passes tokens the target rates far below its own,
+which can change an answer (docs/design.md, "The FLy guards"). ``min_prob_ratio=0`` gives the paper's rule. Two guards
 keep FLy to differences of wording: positions marked ``strict`` (e.g. inside a tool call, whose arguments must
 be the target's own, or in the reply's opening, which sets the answer's course) are never forgiven, nor is a
 mismatch where the drafted token or the target's pick is ``protected`` (e.g. holds a digit: another number is
@@ -107,7 +106,7 @@ def verify_greedy(target_logits: torch.Tensor, draft_ids: torch.Tensor, rule: Fl
 
 def verify_sampling(
     target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
+    draft_probs: torch.Tensor | None,
     draft_ids: torch.Tensor,
     generator: torch.Generator,
     rule: FlyRule | None = None,
@@ -122,11 +121,12 @@ def verify_sampling(
     test, and the target gives the draft token non-zero probability, at least ``rule.min_prob_ratio`` of its
     most likely token's. At the first position kept by neither, the next token is drawn from
     norm(max(p - q, 0)); if all drafts are kept it is drawn from the target's bonus distribution.
+    ``draft_probs`` None: a deterministic proposal (prompt lookup), q = 1 on each drafted token.
     """
     k = _check_shapes(target_probs, draft_ids)
     rows = torch.arange(k)
     p_draft = target_probs[rows, draft_ids]
-    q_draft = draft_probs[rows, draft_ids]
+    q_draft = draft_probs[rows, draft_ids] if draft_probs is not None else torch.ones(k, dtype=target_probs.dtype)
     uniform = torch.rand(k, generator=generator, dtype=torch.float64)
     native = (uniform * q_draft.double() < p_draft.double()).tolist()
     if rule is None:
@@ -142,7 +142,11 @@ def verify_sampling(
     if accepted == k:
         dist = target_probs[k]
     else:
-        residual = (target_probs[accepted] - draft_probs[accepted]).clamp_min(0)
+        if draft_probs is not None:
+            residual = (target_probs[accepted] - draft_probs[accepted]).clamp_min(0)
+        else:  # max(p - one_hot(d), 0): p without the rejected token
+            residual = target_probs[accepted].clone()
+            residual[draft_ids[accepted]] = 0
         dist = residual if residual.sum() > 0 else target_probs[accepted]
     next_token = int(torch.multinomial(dist.double(), 1, generator=generator))
     return Verdict(accepted, next_token, accepted - forgiven, forgiven, _leading(native))

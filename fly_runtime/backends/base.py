@@ -59,8 +59,8 @@ class CachedSequence:
             common += 1
         return common
 
-    def pending(self, context: Sequence[int]) -> list[int]:
-        """Crop to the longest common prefix with ``context[:-1]`` and return the ids still to feed.
+    def crop_to_prefix(self, context: Sequence[int]) -> list[int]:
+        """Crop the cache to its longest common prefix with ``context[:-1]``; return the ids still to feed.
 
         At least the last id of ``context`` is always returned, so feeding the result yields the logits
         that predict the token after ``context``.

@@ -1,8 +1,8 @@
 """ONNX Runtime backend: a decoder graph with its KV cache as inputs/outputs (as fly builds them, or any
 export with the same names: input_ids, attention_mask, past_key_values.N.key/value -> logits, present.N.*).
 
-Why ONNX Runtime on CPU: verifying 8 tokens costs ~1.4x one decoding step here, against ~3x in PyTorch
-fp32, whose skinny GEMMs for a few rows are slow. Speculative decoding lives on that ratio.
+Why ONNX Runtime on CPU: a pass over a few tokens costs little more than one decoding step, where PyTorch's
+skinny GEMMs for a few rows are slow (docs/design.md). Speculative decoding lives on that ratio.
 """
 
 from __future__ import annotations

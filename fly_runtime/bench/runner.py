@@ -15,9 +15,10 @@ from tqdm.auto import tqdm
 from fly_runtime.bench.suites import SCORERS, Task
 from fly_runtime.chat import encode_chat
 from fly_runtime.config import GenerationConfig
-from fly_runtime.engine import FlyEngine
+from fly_runtime.engine import FlyEngine, GenerationStats
 from fly_runtime.errors import FlyError
 from fly_runtime.sources.convert import PRECISIONS
+from fly_runtime.timing import pass_seconds
 
 HF_ASSISTED = "hf-assisted"
 LLAMA_CPP = "llama-cpp"
@@ -114,13 +115,15 @@ class LlamaCpp:
 
 
 def _peer_row(new: list[int], seconds: float, tokenizer, plain: bool) -> dict:
-    """The result row of a decoder other than fly's engine: no FLy statistics; plain decoding makes one target
-    pass a token."""
-    passes = len(new) if plain else None
-    return {"new_tokens": len(new), "seconds": seconds, "mean_accepted": 1.0 if plain else None,
-            "acceptance_rate": None, "fly_forgiven": None, "k": None, "target_forwards": passes, "plain_steps": passes,
-            "lookup_rounds": None, "drafter_forwards": None, "cached_tokens": 0,
-            "text": tokenizer.decode(new, skip_special_tokens=True)}
+    """The result row of a decoder other than fly's engine, in the engine's row shape: plain decoding makes one
+    target pass a token; what the peer does not report is None."""
+    passes = len(new)
+    row = GenerationStats(new_tokens=len(new), seconds=seconds, target_forwards=passes, plain_steps=passes).as_dict()
+    unknown = ("drafted_tokens", "native_accepted", "fly_forgiven", "acceptance_rate", "mean_k", "lookup_rounds",
+               "drafter_forwards", "prompt_tokens")
+    if not plain:
+        unknown += ("target_forwards", "plain_steps", "mean_accepted")
+    return {**row, **dict.fromkeys(unknown), "text": tokenizer.decode(new, skip_special_tokens=True)}
 
 
 def measure_verify_cost(engine: FlyEngine, context: int = 256, repeats: int = 5) -> dict:
@@ -128,17 +131,8 @@ def measure_verify_cost(engine: FlyEngine, context: int = 256, repeats: int = 5)
     sequence = engine.target
     with engine.exclusive():
         sequence.extend([engine.tokenizer.encode(" the")[0]] * context)
-
-        def timed(n: int) -> float:
-            samples = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                sequence.extend([42] * n)
-                samples.append(time.perf_counter() - start)
-                sequence.crop(context)
-            return statistics.median(samples) * 1000
-
-        step_ms, verify_ms = timed(1), timed(8)
+        step_ms, verify_ms = (pass_seconds(sequence.extend, sequence.crop, context, [42] * n, repeats) * 1000
+                              for n in (1, 8))
     return {"step_ms": step_ms, "verify_8_ms": verify_ms, "ratio": verify_ms / step_ms}
 
 
@@ -172,11 +166,7 @@ def run_benchmark(
         # must not leave it cached
         runner.clear_cache()
         result = runner.generate(ids, config)
-        s = result.stats
-        return {"new_tokens": s.new_tokens, "seconds": s.seconds, "mean_accepted": s.mean_accepted,
-                "acceptance_rate": s.acceptance_rate, "fly_forgiven": s.fly_forgiven, "k": s.k,
-                "target_forwards": s.target_forwards, "plain_steps": s.plain_steps, "lookup_rounds": s.lookup_rounds,
-                "drafter_forwards": s.drafter_forwards, "cached_tokens": s.cached_tokens, "text": result.text}
+        return {**result.stats.as_dict(), "text": result.text}
 
     warmup = encode(tasks[0])
     for spec in modes:  # loads lazily-initialised kernels and caches; not counted

@@ -30,8 +30,8 @@ def onnx_model_file(onnx_dir: Path) -> Path:
 def gguf_to_hf(gguf_file: Path, out_dir: Path) -> Path:
     """Dequantise a GGUF into a float32 Hugging Face directory (weights + tokenizer + chat template).
 
-    transformers reads GGUF directly but slowly (the tokenizer alone takes ~15 s); converting once makes
-    every later load a plain safetensors load.
+    transformers reads GGUF directly but slowly; converting once makes every later load a plain safetensors
+    load.
     """
     if (out_dir / "config.json").is_file():
         return out_dir
@@ -56,8 +56,8 @@ def gguf_to_hf(gguf_file: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-# graph precisions: fp32 (the source weights as they are), int8 (MatMulNBits 8-bit, block 32: the GGUF's 4- and
-# 6-bit weights within 0.5% rms), int4 (MatMulNBits 4-bit, block 32: a second 4-bit rounding, drafters' default)
+# graph precisions: fp32 (the source weights as they are), int8 (MatMulNBits 8-bit, block 32: close to the GGUF's
+# own weights), int4 (MatMulNBits 4-bit, block 32: a second 4-bit rounding, drafters' default)
 PRECISIONS = ("fp32", "int8", "int4")
 
 
@@ -65,10 +65,8 @@ def hf_to_onnx(hf_dir: Path, out_dir: Path, int4: bool) -> Path:
     """Build an ONNX Runtime graph of a causal LM (onnxruntime-genai's model builder), fp32 or int4.
 
     Why this builder and not a generic tracer: it emits fused GroupQueryAttention (rotary embedding inside,
-    no repeated KV heads, no per-step mask arithmetic) and MatMulNBits weights. On the 2-core CPU we measured,
-    the int4 0.5B drafter steps in 16-20 ms at 16-1024 tokens of context against 30-120 ms for a traced,
-    dynamically quantised int8 graph, and the fp32 1.5B target in 150-205 ms against 190-225 ms.
-    int4 (block 32, int8 compute) is for drafters: their numerics never change what the target accepts.
+    no repeated KV heads, no per-step mask arithmetic) and MatMulNBits weights, faster at every context length
+    (docs/design.md). int4 is the drafters' default: their numerics never change what the target accepts.
     """
     if onnx_model_file(out_dir).is_file():
         return out_dir
@@ -116,9 +114,9 @@ LOGITS_TO_KEEP = "logits_to_keep"
 def add_logits_to_keep(model_file: Path) -> None:
     """Give the graph an int64 input ``logits_to_keep``: the LM head runs on the last N positions only.
 
-    A prefill needs the logits of its last position alone, yet the head over a 152k vocabulary is ~15% of
-    a 1.5B model's prefill FLOPs (~2.5 s of a 16 s, 1024-token prefill on 2 cores). Only the graph file is
-    rewritten; the weights stay in their external data file.
+    A prefill needs the logits of its last position alone, yet the head over a large vocabulary is a sizeable
+    share of a small model's prefill. Only the graph file is rewritten; the weights stay in their external
+    data file.
     """
     import onnx
     from onnx import TensorProto, helper

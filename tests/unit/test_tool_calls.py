@@ -8,7 +8,8 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</t
 
 
 def test_parses_qwen_tool_calls_and_keeps_prose():
-    content, calls = parse_tool_calls("Let me check.\n" + CALL, {"get_weather"})
+    parsed = parse_tool_calls("Let me check.\n" + CALL, {"get_weather"})
+    content, calls = parsed.content, parsed.calls
     assert content == "Let me check."
     assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Oslo"})]
     assert calls[0].id.startswith("call_")
@@ -17,15 +18,21 @@ def test_parses_qwen_tool_calls_and_keeps_prose():
 def test_parses_json_fallbacks():
     for text in ('{"name": "get_weather", "arguments": {"city": "Oslo"}}',
                  '```json\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}\n```'):
-        content, calls = parse_tool_calls(text, {"get_weather"})
-        assert content == "" and calls[0].arguments == {"city": "Oslo"}
+        parsed = parse_tool_calls(text, {"get_weather"})
+        assert parsed.content == "" and parsed.calls[0].arguments == {"city": "Oslo"}
 
 
-def test_malformed_or_unknown_calls_stay_text():
+def test_a_malformed_or_unknown_call_is_reported_invalid_with_its_reason():
     broken = CALL.replace("}}", "}")
-    assert parse_tool_calls(broken, {"get_weather"}) == (broken.strip(), [])
-    assert parse_tool_calls(CALL, {"other_tool"})[1] == []
-    assert parse_tool_calls('{"answer": 42}', {"get_weather"}) == ('{"answer": 42}', [])
+    parsed = parse_tool_calls("Checking.\n" + broken, {"get_weather"})
+    assert parsed.content == "Checking." and parsed.calls == []
+    [invalid] = parsed.invalid
+    assert invalid.text == broken and "not JSON" in invalid.error
+    good_and_unknown = parse_tool_calls(CALL + "\n" + CALL.replace("get_weather", "launch"), {"get_weather"})
+    assert [c.name for c in good_and_unknown.calls] == ["get_weather"]
+    assert good_and_unknown.invalid[0].name == "launch" and "no tool named 'launch'" in good_and_unknown.invalid[0].error
+    not_a_call = parse_tool_calls('{"answer": 42}', {"get_weather"})  # bare JSON that is no call stays text
+    assert (not_a_call.content, not_a_call.calls, not_a_call.invalid) == ('{"answer": 42}', [], [])
 
 
 def test_splitter_streams_prose_and_holds_the_call():
@@ -33,8 +40,8 @@ def test_splitter_streams_prose_and_holds_the_call():
     shown = "".join(splitter.push(p) for p in ["Let me ", "check. <tool", "_call>\n{\"name\": \"get_weather\", ",
                                                  "\"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"])
     assert shown == "Let me check. "
-    rest, calls = splitter.finish()
-    assert rest == "" and calls[0].name == "get_weather"
+    parsed = splitter.finish()
+    assert parsed.content == "" and parsed.calls[0].name == "get_weather"
 
 
 def test_splitter_releases_a_partial_tag_that_was_not_a_call():

@@ -7,7 +7,6 @@ from llama_index.core.tools import FunctionTool
 from fly_integrations import FlyChatModel, FlyLLM
 from fly_runtime.errors import InvalidPromptError
 
-pytestmark = pytest.mark.real_model
 
 PROMPT = "Write a Python function that returns the cube of a number."
 

@@ -12,7 +12,6 @@ from fly_integrations import FlyChatModel
 from fly_runtime.config import GenerationConfig
 from fly_runtime.errors import InvalidPromptError, InvalidSettingsError
 
-pytestmark = pytest.mark.real_model
 
 QUESTION = [HumanMessage("Write a Python function that returns the square of a number.")]
 

@@ -5,9 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
-pytestmark = pytest.mark.real_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

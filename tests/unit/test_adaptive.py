@@ -4,7 +4,8 @@ import random
 
 import numpy as np
 
-from fly_runtime.adaptive import K_MAX, DeferredRead, DraftPolicy, DraftShape, ForgivenessRoom, RoundCost
+from fly_runtime.adaptive import K_MAX, DeferredRead, DraftPolicy, ForgivenessRoom, RoundCost
+from fly_runtime.drafters import DraftShape
 from fly_runtime.config import DEFAULT_K, GenerationConfig
 
 

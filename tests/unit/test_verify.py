@@ -260,3 +260,21 @@ def test_the_replys_opening_is_verified_exactly():
     loose = verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6))
     strict = verify_greedy(target(TARGET8, uncertain_at={1}), d, FlyRule(window=6), checks.strict_positions(8, list(d)))
     assert (loose.accepted, strict.accepted) == (8, 1)
+
+
+def test_a_deterministic_draft_needs_no_distribution():
+    """draft_probs None (prompt lookup) decides every round as a one-hot distribution would, and stays lossless."""
+    for seed in range(30):
+        torch.manual_seed(seed)
+        p = torch.softmax(torch.randn(5, V) * 2, dim=-1)
+        d = drafts([int(i) for i in torch.randint(0, V, (4,))])
+        for rule in (None, FlyRule(window=2)):
+            one_hot = verify_sampling(p, torch.eye(V)[d], d, torch.Generator().manual_seed(seed), rule)
+            assert verify_sampling(p, None, d, torch.Generator().manual_seed(seed), rule) == one_hot
+    p = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(4)
+    for _ in range(20000):  # a fixed guess of token 3: the emitted token is still distributed as p
+        v = verify_sampling(torch.stack([p, p]), None, drafts([3]), gen)
+        counts[3 if v.accepted else v.next_token] += 1
+    assert torch.allclose(counts / 20000, p, atol=0.015)

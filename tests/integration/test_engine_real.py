@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from fly_runtime import GenerationConfig, InvalidPromptError
-from tests.conftest import PROMPTS
+from tests.integration.conftest import PROMPTS
 
-pytestmark = pytest.mark.real_model
 
 TOKENS = 48
 
@@ -150,11 +149,11 @@ def test_a_follow_up_turn_reads_only_what_the_last_request_left_uncached(engine)
 
 
 def test_drafter_catches_up_before_drafting_and_requests_start_fresh(engine, chat_ids):
-    from fly_runtime.adaptive import DraftShape
+    from fly_runtime.drafters import DraftShape
     from fly_runtime.sampling import Sampler
 
     prompt = chat_ids(PROMPTS[5])
-    cascade = engine.ngram_drafter
+    cascade = engine.cascade
     with engine.exclusive():
         cascade.catch_up(prompt[:10])
         assert cascade.sequence.ids == prompt[:9]
@@ -169,7 +168,7 @@ def test_drafter_catches_up_before_drafting_and_requests_start_fresh(engine, cha
 
 
 def test_a_lone_doubtful_draft_token_is_dropped_in_exact_mode_but_not_in_fly(engine, chat_ids):
-    from fly_runtime.adaptive import DraftShape
+    from fly_runtime.drafters import DraftShape
     from fly_runtime.sampling import Sampler
 
     prompt = chat_ids(PROMPTS[1])

@@ -1,13 +1,9 @@
-"""LangChain's standard test suites for FlyChatModel: unit (no model loads) and integration (real pair)."""
-
-import pytest
-from langchain_tests.integration_tests import ChatModelIntegrationTests
-from langchain_tests.unit_tests import ChatModelUnitTests
+"""The settings LangChain's standard test suites read for FlyChatModel (shared by the unit and integration runs)."""
 
 from fly_integrations import FlyChatModel
 
 
-class _FlyChatModelConfig:
+class FlyChatModelConfig:
     @property
     def chat_model_class(self) -> type[FlyChatModel]:
         return FlyChatModel
@@ -29,12 +25,3 @@ class _FlyChatModelConfig:
         # `model=` per call works (it names another target), but the suite's override test would load a
         # second 1.5B-class model in CI for no extra coverage of FLy itself
         return False
-
-
-class TestFlyChatModelUnit(_FlyChatModelConfig, ChatModelUnitTests):
-    pass
-
-
-@pytest.mark.real_model
-class TestFlyChatModelIntegration(_FlyChatModelConfig, ChatModelIntegrationTests):
-    pass

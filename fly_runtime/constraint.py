@@ -1,0 +1,70 @@
+"""Constrained decoding: a JSON schema as a mask over the target's vocabulary at every position it decides.
+
+The mask comes from llguidance's grammar matcher, advanced over the committed tokens. A draft is checked along
+its own path: the masks for the positions before each draft token and after the last, as far as the grammar
+allows the drafts (a draft token it forbids ends the draft there). Verification then sees only what the
+grammar allows, so whatever it commits, forgiven or not, parses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from fly_runtime.errors import InvalidSettingsError
+
+
+def grammar_tokenizer(tokenizer, vocab_size: int, eos_token_ids: Sequence[int]):
+    """llguidance's view of ``tokenizer`` (about a second to build: an engine keeps one)."""
+    import llguidance.hf
+
+    return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_token_ids))
+
+
+class JsonConstraint:
+    def __init__(self, grammar_tokenizer, schema: str, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+        import llguidance
+
+        try:
+            grammar = llguidance.LLMatcher.grammar_from_json_schema(
+                schema, defaults={"whitespace_flexible": True})
+        except ValueError as exc:
+            raise InvalidSettingsError(f"json_schema is not a JSON object: {exc}") from None
+        self.matcher = llguidance.LLMatcher(grammar_tokenizer, grammar, log_level=0)
+        if self.matcher.is_error():
+            raise InvalidSettingsError(f"json_schema cannot be decoded to: {self.matcher.get_error()}")
+        self.vocab_size = vocab_size
+        self.eos = frozenset(eos_token_ids)
+
+    def allowed(self) -> torch.Tensor:
+        """Bool mask [V] of the tokens the grammar allows next."""
+        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        return torch.from_numpy(bits[: self.vocab_size].astype(bool))
+
+    def masks_along(self, draft_ids: Sequence[int]) -> tuple[torch.Tensor, int]:
+        """(masks [n + 1, V], n): the masks before each of the first n drafts and after them, where n drafts
+        are what the grammar allows of ``draft_ids``. The matcher is left where it was."""
+        masks = [self.allowed()]
+        n = 0
+        for token in draft_ids:
+            # a token the mask forbids would put the matcher in its error state for good: test it first. A
+            # draft ends before an end-of-sequence token, which stops the matcher where a rollback would not
+            # count it; the target picks that token itself where the value may end
+            if token in self.eos or not masks[-1][token] or not self.matcher.consume_token(token):
+                break
+            n += 1
+            masks.append(self.allowed())
+        if n:
+            self.matcher.rollback(n)
+        return torch.stack(masks), n
+
+    def commit(self, token_ids: Sequence[int]) -> None:
+        if token_ids and not self.matcher.consume_tokens(list(token_ids)):
+            raise AssertionError(f"a committed token broke the grammar: {self.matcher.get_error()}")
+
+    @property
+    def finished(self) -> bool:
+        """The value is complete and nothing may follow it."""
+        return self.matcher.is_stopped()

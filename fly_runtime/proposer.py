@@ -1,0 +1,113 @@
+"""What each round gives the target to verify: nothing (a plain step), a prompt-lookup draft, or a model draft.
+
+The proposer owns the request's draft policy and the choice between those three; the engine only verifies
+what it is given and reports back. It knows nothing of how drafts are verified.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fly_runtime.adaptive import CostProfile, DeferredRead, DraftPolicy
+from fly_runtime.config import GenerationConfig
+from fly_runtime.drafters import Draft, Drafter, DraftShape
+from fly_runtime.sampling import Sampler
+from fly_runtime.verify import Verdict
+
+
+@dataclass
+class Learned:
+    """What an engine measures once and keeps for later requests (seconds)."""
+
+    plain_step: float | None = None  # one plain target step
+    prefill_per_token: float | None = None  # the target reading a prompt
+    read_share: float | None = None  # the drafter's prompt read / the target's, per token
+    costs: CostProfile | None = None  # the prices that decide whether model drafts can pay at all
+
+
+@dataclass
+class Proposal:
+    draft: Draft
+    source: Drafter | None  # the drafter that proposed it (its state follows the commit); None: a plain step
+    started: float  # when the step began
+    ready: float  # when the proposal was made: verification is timed from here
+    draft_seconds: float = 0.0  # spent drafting (a model draft; its catch-up read is not part of it)
+    by_model: bool = False
+
+    @property
+    def plain(self) -> bool:
+        return self.source is None
+
+
+class Proposer:
+    """One request's proposals. ``lookup`` is prompt lookup alone (None where the request turns n-grams off);
+    ``defer`` lets an adaptive request put off the model drafter's prompt read until it is likely to pay."""
+
+    def __init__(self, config: GenerationConfig, drafter: Drafter | None, lookup: Drafter | None, defer: bool,
+                 learned: Learned, sampler: Sampler) -> None:
+        self.policy = DraftPolicy(config, learned.plain_step, learned.costs) if config.mode != "ar" else None
+        self.drafter = drafter
+        self.lookup = lookup
+        self.learned = learned
+        self.sampler = sampler
+        self.lookup_rounds = 0
+        self.deferral: DeferredRead | None = None
+        if self.policy is not None and self.policy.adaptive and defer and learned.prefill_per_token is not None:
+            self.deferral = DeferredRead(learned.read_share, learned.prefill_per_token)
+
+    def propose(self, context: Sequence[int], remaining: int, strict_leading: int) -> Proposal:
+        """This round's proposal for ``context`` with ``remaining`` tokens of budget; the first
+        ``strict_leading`` drafts will be verified exactly."""
+        start = time.perf_counter()
+        policy = self.policy
+        if policy is None or policy.next_is_plain() or remaining <= 1:
+            return Proposal(Draft(), None, start, start)
+        if not policy.model_drafts or (self.deferral is not None and not self.deferral.due(
+                self.drafter.unread(context), policy.plain_step_seconds, remaining)):
+            return self._lookup(context, remaining, start)
+        self._catch_up(context, start)
+        shape = policy.shape(remaining - 1, strict_leading)
+        drafted = time.perf_counter()
+        draft = self.drafter.propose(context, shape, self.sampler)
+        ready = time.perf_counter()
+        return Proposal(draft, self.drafter, start, ready, ready - drafted, by_model=True)
+
+    def record(self, proposal: Proposal, verdict: Verdict | None, produced: int) -> None:
+        """The step is done: ``produced`` tokens committed (``verdict`` None for a plain step)."""
+        now = time.perf_counter()
+        policy = self.policy
+        if policy is None:
+            return
+        if verdict is None:
+            policy.record_plain(now - proposal.ready)
+            self.learned.plain_step = policy.plain_step_seconds
+        elif proposal.by_model:
+            policy.record_round(len(proposal.draft.token_ids), verdict.accepted, produced, proposal.draft_seconds,
+                                now - proposal.ready, verdict.matched)
+        else:
+            policy.lookup.record(verdict.accepted, len(proposal.draft.token_ids))
+        if self.deferral is not None:
+            self.deferral.record(produced, now - proposal.started, policy.plain_step_seconds)
+
+    def _lookup(self, context: Sequence[int], remaining: int, start: float) -> Proposal:
+        """Prompt lookup's proposal, cut to the part worth a target row each; a plain step where none is."""
+        assert self.policy is not None
+        draft = self.lookup.propose(context, DraftShape(remaining - 1, 0.0, 0), self.sampler) if self.lookup \
+            else Draft()
+        keep = self.policy.lookup.length(len(draft.token_ids))
+        now = time.perf_counter()
+        if not keep:
+            return Proposal(Draft(), None, start, now)
+        self.lookup_rounds += 1
+        return Proposal(draft.head(keep), self.lookup, start, now)
+
+    def _catch_up(self, context: Sequence[int], start: float) -> None:
+        """Let the model drafter read what it has not (the prompt, or a plain stretch); the first read of a
+        deferring request prices the next one."""
+        unread = self.drafter.unread(context) if self.deferral is not None else 0
+        self.drafter.catch_up(context)
+        if self.deferral is not None:
+            self.learned.read_share = self.deferral.learn(unread, time.perf_counter() - start)
+            self.deferral = None

@@ -1,0 +1,66 @@
+"""fly bench without a model: suite loading, scoring, mode specs, argument checks. The suites are read from
+../shared/data; tests that need it skip where it is missing."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fly_runtime.bench.runner import ModeSpec
+from fly_runtime.bench.suites import default_data_dir, last_number, load_tasks, score_gsm8k, score_humaneval
+
+
+@pytest.fixture(scope="module")
+def data_dir():
+    try:
+        return default_data_dir()
+    except FileNotFoundError as exc:
+        pytest.skip(f"benchmark data not found: {exc}")
+
+
+def test_spec_bench_first_turns_per_category(data_dir):
+    tasks = load_tasks("spec-bench", data_dir, per_category=2)
+    categories = {t.category for t in tasks}
+    assert len(categories) == 13 and len(tasks) == 26
+    assert all(len(t.messages) == 1 and t.messages[0]["role"] == "user" for t in tasks)
+
+
+def test_skip_and_limit_select_one_shard(data_dir):
+    everything = load_tasks("gsm8k", data_dir)
+    shard = load_tasks("gsm8k", data_dir, limit=3, skip=40)
+    assert [t.task_id for t in shard] == [t.task_id for t in everything[40:43]]
+
+
+def test_gsm8k_scoring_uses_the_last_number(data_dir):
+    task = load_tasks("gsm8k", data_dir, limit=1)[0]
+    assert task.reference["answer"] == "18"
+    assert score_gsm8k(task, "16 - 3 - 4 = 9 eggs, 9 * 2 = 18. The answer is 18.")
+    assert not score_gsm8k(task, "The answer is 18. Wait, no: 20")
+    assert last_number("costs $1,234.50.") == "1234.50" and last_number("no digits") is None
+
+
+def test_humaneval_runs_tests_in_a_subprocess(data_dir):
+    import gzip
+
+    rows = [json.loads(line) for line in gzip.open(data_dir / "HumanEval.jsonl.gz", "rt")]
+    task = load_tasks("humaneval", data_dir, limit=1)[0]
+    good = f"```python\n{rows[0]['prompt']}{rows[0]['canonical_solution']}```"
+    assert score_humaneval(task, good)
+    assert not score_humaneval(task, "```python\ndef has_close_elements(numbers, threshold):\n    return True\n```")
+    assert not score_humaneval(task, "```python\ndef has_close_elements(n, t):\n    while True: pass\n```",
+                               timeout=2)
+
+
+def test_mode_specs():
+    assert ModeSpec.parse("fly:k10") == ModeSpec("fly:k10", "fly", 10)
+    assert ModeSpec.parse("llama-cpp") == ModeSpec("llama-cpp", "llama-cpp")
+    with pytest.raises(ValueError, match="unknown mode"):
+        ModeSpec.parse("fast")
+
+
+@pytest.mark.parametrize("skip, message", [("-1", "--skip must be >= 0"), ("100000", "no prompts selected")])
+def test_bench_rejects_a_bad_shard_before_loading_models(tmp_path, data_dir, skip, message):
+    proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "bench", "--suite", "gsm8k", "--skip", skip,
+                           "--out", str(tmp_path / "bench")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr

@@ -1,0 +1,45 @@
+"""The proposer's choice each round (plain step, prompt lookup, model draft), with a real prompt-lookup drafter."""
+
+import torch
+
+from fly_runtime.adaptive import CostProfile
+from fly_runtime.config import GenerationConfig
+from fly_runtime.drafters import NgramDrafter
+from fly_runtime.proposer import Learned, Proposer
+from fly_runtime.sampling import Sampler
+from fly_runtime.verify import Verdict
+
+GREEDY = Sampler(0.0, 0, 1.0, torch.Generator())
+FAST_TARGET = CostProfile(step=0.059, row=0.023, draft=0.027)  # model drafts cannot pay beside it
+CONTEXT = [5, 6, 7, 8, 9, 10, 11, 1, 2, 5, 6, 7]  # "5 6 7" was followed by "8 9 10 11" before
+
+
+def proposer(mode: str, learned: Learned, lookup: NgramDrafter | None) -> Proposer:
+    return Proposer(GenerationConfig(mode=mode), None, lookup, defer=False, learned=learned, sampler=GREEDY)
+
+
+def test_plain_decoding_proposes_nothing():
+    proposal = proposer("ar", Learned(plain_step=0.05), NgramDrafter()).propose(CONTEXT, 20, 0)
+    assert proposal.plain and not proposal.draft.token_ids
+
+
+def test_an_unmeasured_plain_step_is_measured_first():
+    propose = proposer("exact", Learned(costs=FAST_TARGET), NgramDrafter())
+    first = propose.propose(CONTEXT, 20, 0)
+    assert first.plain
+    propose.record(first, None, 1)
+    assert propose.learned.plain_step is not None  # kept for the engine's later requests
+
+
+def test_beside_a_fast_target_only_prompt_lookup_drafts_and_without_probabilities():
+    lookup = NgramDrafter()
+    propose = proposer("exact", Learned(plain_step=0.059, costs=FAST_TARGET), lookup)
+    proposal = propose.propose(CONTEXT, 20, 0)
+    assert proposal.source is lookup and not proposal.by_model
+    assert proposal.draft.token_ids == [8, 9, 10, 11, 1, 2][: len(proposal.draft.token_ids)]
+    assert proposal.draft.probs is None
+    propose.record(proposal, Verdict(accepted=len(proposal.draft.token_ids), next_token=3, native=1, forgiven=0,
+                                     matched=1), len(proposal.draft.token_ids) + 1)
+    assert propose.lookup_rounds == 1
+    nothing_to_copy = propose.propose([1, 2, 3, 4], 20, 0)  # lookup finds nothing: a plain step
+    assert nothing_to_copy.plain
