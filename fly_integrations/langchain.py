@@ -91,7 +91,7 @@ class FlyChatModel(FlyParams, BaseChatModel):
         )
 
     def _response_metadata(self, result: GenerationResult, model: str | None) -> dict[str, Any]:
-        return {"finish_reason": result.finish_reason, **self.fly_metadata(result.stats, model)}
+        return self.fly_metadata(result, model)
 
     def _generate(
         self,

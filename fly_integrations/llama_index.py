@@ -33,6 +33,7 @@ from pydantic import ConfigDict, PrivateAttr
 from fly_integrations.params import FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
 from fly_integrations.streaming import aiter_in_thread
+from fly_integrations.tool_calls import tool_format
 from fly_integrations.tools import validate_tool_schema
 from fly_runtime.errors import InvalidPromptError
 
@@ -55,12 +56,13 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
     def metadata(self) -> LLMMetadata:
         if self._metadata is None:
             # the setting, at most the target's window (which needs its config: loaded once, on first ask)
-            window = self.engine().max_context
+            engine = self.engine()
+            window = engine.max_context
             self._metadata = LLMMetadata(
                 context_window=min(window, self.context_window or window),
                 num_output=self.max_tokens,
                 is_chat_model=True,
-                is_function_calling_model=True,
+                is_function_calling_model=tool_format(engine.tokenizer) is not None,  # its template renders tools
                 model_name=self.target,
             )
         return self._metadata
@@ -85,8 +87,7 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
             extra["invalid_tool_calls"] = [{"id": c.id, "name": c.name, "text": c.text, "error": c.error}
                                            for c in item.invalid_tool_calls]
         s = item.result.stats
-        fly = {**self.fly_metadata(s), "finish_reason": item.result.finish_reason,
-               "prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens}
+        fly = {**self.fly_metadata(item.result), "prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens}
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=item.content, additional_kwargs=extra),
             delta="",

@@ -9,7 +9,7 @@ from pydantic import AliasChoices, Field, create_model
 from fly_integrations.replies import ReplyRequest
 from fly_runtime import FlyEngine, GenerationConfig, ModelSettings, get_engine
 from fly_runtime.config import REQUEST_SETTINGS
-from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+from fly_runtime.loader import AUTO_DRAFT, DEFAULT_TARGET
 
 # the generation statistics each reply's metadata carries
 METADATA_STATS = ("mean_accepted", "acceptance_rate", "fly_forgiven", "tokens_per_second", "target_forwards",
@@ -43,8 +43,9 @@ class FlyParams(RequestSettings):
     # `model` (and LlamaIndex's `model_name`) as every chat model names it; `draft_model` likewise
     target: str = Field(default=DEFAULT_TARGET, validation_alias=AliasChoices("target", "model", "model_name"),
                         description="target model: built-in name, dir, .gguf or Hub id")
-    draft: str | None = Field(default=DEFAULT_DRAFT, validation_alias=AliasChoices("draft", "draft_model"),
-                              description="drafter (same tokenizer); None = n-grams only")
+    draft: str | None = Field(default=AUTO_DRAFT, validation_alias=AliasChoices("draft", "draft_model"),
+                              description="drafter (same tokenizer); 'auto': the one fly knows for the target; "
+                                          "None: prompt lookup only")
     backend: Literal["auto", "torch", "onnx"] = "auto"
     device: str | None = None
     precision: Literal["auto", "fp32", "int8", "int4"] = Field(
@@ -102,8 +103,9 @@ class FlyParams(RequestSettings):
             config=lambda extra: self.generation_config([*stops, *extra], **overrides),
         )
 
-    def fly_metadata(self, stats, model: str | None = None) -> dict[str, Any]:
-        """A reply's metadata: the model that served it (a per-call ``model=`` included), the mode, its stats."""
-        values = stats.as_dict()
-        return {"model_name": model or self.target, "fly_mode": self.mode,
-                **{name: values[name] for name in METADATA_STATS}}
+    def fly_metadata(self, result, model: str | None = None) -> dict[str, Any]:
+        """A reply's metadata: the models that served it (a per-call ``model=`` included; the drafter, None
+        where prompt lookup drafted alone), the mode, the finish reason and the stats."""
+        values = result.stats.as_dict()
+        return {"model_name": model or self.target, "draft_model": result.draft_model, "fly_mode": self.mode,
+                "finish_reason": result.finish_reason, **{name: values[name] for name in METADATA_STATS}}

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from fly_runtime.chat import chat_encoder
 from fly_runtime.errors import InvalidPromptError
-from fly_integrations.tool_calls import CLOSE, OPEN
+from fly_integrations.tool_calls import HERMES, ToolFormat, tool_format
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -40,15 +40,15 @@ def check_messages(messages: list[dict]) -> None:
         raise InvalidPromptError("every message is empty or whitespace: give the model something to answer")
 
 
-def tool_choice_prefill(tool_choice: str | None, tool_names: list[str]) -> str:
-    """Assistant-turn text that steers the model to a call: ``any`` opens a call; a name also fixes the
-    tool and opens its arguments object, so the model cannot answer with a bare value."""
+def tool_choice_prefill(tool_choice: str | None, tool_names: list[str], fmt: ToolFormat = HERMES) -> str:
+    """Assistant-turn text that steers the model to a call in its family's format: ``any`` opens a call; a name
+    also fixes the tool and opens its arguments object, so the model cannot answer with a bare value."""
     if not tool_names or tool_choice in (None, "auto", "none"):
         return ""
     if tool_choice in ("any", "required"):
-        return f'{OPEN}\n{{"name": "'
+        return fmt.prefill()
     if tool_choice in tool_names:
-        return f'{OPEN}\n{{"name": "{tool_choice}", "arguments": {{'
+        return fmt.prefill(tool_choice)
     raise InvalidPromptError(
         f"tool_choice {tool_choice!r} names no bound tool; bound tools: {', '.join(tool_names)} "
         "(or use 'auto', 'any', 'none')"
@@ -66,9 +66,13 @@ def render_prompt(
     contents (and tool schemas) are encoded as text: a control-token spelling in them stays text."""
     check_messages(messages)
     tools = tools if tools and tool_choice != "none" else None
+    fmt = tool_format(tokenizer) if tools else None
+    if tools and fmt is None:
+        raise InvalidPromptError("this model's chat template renders no tools, so it cannot call them: use a model "
+                                 "trained for tool calling (Qwen2.5, Llama 3.1+, Mistral), or call without tools")
     names = [t["function"]["name"] for t in tools or []]
-    prefill = tool_choice_prefill(tool_choice, names)
-    stop: tuple[str, ...] = (CLOSE,) if prefill else ()
+    prefill = tool_choice_prefill(tool_choice, names, fmt or HERMES)
+    stop: tuple[str, ...] = (fmt.closing,) if prefill and fmt and fmt.closing else ()
     if json_schema is not None:
         instruction = "Reply with one JSON object and nothing else."
         if json_schema:

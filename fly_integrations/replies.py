@@ -7,7 +7,7 @@ answer by an instruction after the conversation. That prompt starts exactly as t
 reads only the instruction again (dropping the tools instead changes the system prompt they are rendered
 into, and the whole prompt is read anew). Where the model still repeats the call, a
 third generation runs with tools off.
-Where tools are bound, FLy verifies the text inside ``<tool_call>`` blocks exactly.
+Where tools are bound, FLy verifies the model family's tool calls exactly.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from jinja2 import TemplateError
 
 from fly_integrations.prompting import render_prompt
-from fly_integrations.tool_calls import CLOSE, OPEN, InvalidToolCall, ReplySplitter, ToolCall
+from fly_integrations.tool_calls import HERMES, InvalidToolCall, ReplySplitter, ToolCall, tool_format
 from fly_integrations.tools import closed_schema, conform_arguments
 from fly_runtime import FlyEngine, GenerationConfig, GenerationResult
 from fly_runtime.engine import GenerationStats
@@ -82,10 +82,11 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
                 raise
             continue  # the template takes no system message after the first
         names = request.tool_names if choice != "none" else None
-        splitter = ReplySplitter(prompt.prefill, names is not None, names)
+        fmt = tool_format(request.engine.tokenizer) if names is not None else None
+        splitter = ReplySplitter(prompt.prefill, fmt is not None, names, fmt or HERMES)
         config = request.config(prompt.stop)
-        if names is not None:  # a call's arguments must be the target's own, not a forgiven alternative
-            config = replace(config, exact_spans=((OPEN, CLOSE),))
+        if fmt is not None:  # a call's arguments must be the target's own, not a forgiven alternative
+            config = replace(config, exact_spans=(fmt.span,))
         if request.json_schema is not None:  # decoded under the schema's grammar, verified exactly
             config = replace(config, json_schema=json.dumps(closed_schema(request.json_schema) or {"type": "object"}))
         with request.engine.stream(prompt.token_ids, config) as stream:

@@ -1,8 +1,14 @@
-"""Tool calls in model output: Qwen2.5's ``<tool_call>{"name", "arguments"}</tool_call>`` and a JSON fallback.
+"""Tool calls in model output, by model family, chosen from the target's chat template:
 
-Framework-free; both adapters turn the parsed calls into their own message types. A ``<tool_call>`` block that
-does not parse comes back as an ``InvalidToolCall`` with the reason (LangChain's ``invalid_tool_calls``), never
-as the reply's text; bare JSON that is not a call of a bound tool stays text. Nothing here raises.
+- ``hermes`` (Qwen2.5, Hermes): ``<tool_call>{"name", "arguments"}</tool_call>`` blocks;
+- ``llama3`` (Llama 3.1+): bare ``{"name", "parameters"}`` objects (after ``<|python_tag|>``, a control token
+  the decoded reply drops), several separated by ``;``;
+- ``mistral``: ``[TOOL_CALLS]`` and a JSON array of ``{"name", "arguments"}``;
+- ``json``: a template that renders tools in a format not listed: bare JSON calls.
+
+Framework-free; both adapters turn the parsed calls into their own message types. A call that does not parse
+comes back as an ``InvalidToolCall`` with the reason (LangChain's ``invalid_tool_calls``), never as the reply's
+text; bare JSON that names no tool stays text. Nothing here raises.
 """
 
 from __future__ import annotations
@@ -14,11 +20,58 @@ from dataclasses import dataclass, field
 
 from fly_runtime.text import partial_marker_length
 
-OPEN = "<tool_call>"
-CLOSE = "</tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _NAME = re.compile(r'"name"\s*:\s*"([^"]+)"')
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+_SEPARATORS = re.compile(r"[\s;,]*")
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    marker: str | None  # text that opens a call in the reply; None: a call is bare JSON at the reply's start
+    closing: str | None  # text that ends a call (a forced call stops there); None: the reply's end
+    arguments_key: str  # what the family names a call's arguments
+    span: tuple[str, str]  # (opening, closing) as decoded with control tokens: FLy verifies calls exactly there
+    lead: str | None = None  # a control token that may come before the calls (dropped from streamed text)
+
+    def prefill(self, name: str | None = None) -> str:
+        """Assistant text that opens a call (of the named tool: its arguments object opened too)."""
+        opening = {"hermes": '<tool_call>\n{"name": "', "mistral": '[TOOL_CALLS][{"name": "'}.get(self.name,
+                                                                                                  '{"name": "')
+        return opening if name is None else f'{opening}{name}", "{self.arguments_key}": {{'
+
+
+HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", "arguments", ("<tool_call>", "</tool_call>"))
+LLAMA3 = ToolFormat("llama3", None, None, "parameters", ('{"name"', "<|eot_id|>"), "<|python_tag|>")
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", None, "arguments", ("[TOOL_CALLS]", "</s>"))
+JSON_CALLS = ToolFormat("json", None, None, "arguments", ('{"name"', "\n\n\n"))
+# the chat template text that tells each family
+_SIGNS = ((HERMES, ("<tool_call>",)), (MISTRAL, ("[TOOL_CALLS]", "[AVAILABLE_TOOLS]")),
+          (LLAMA3, ("<|python_tag|>", "ipython")))
+
+
+def tool_format(tokenizer) -> ToolFormat | None:
+    """The tool-call format of the target's chat template; None where the template renders no tools."""
+    template = tokenizer.chat_template
+    if isinstance(template, dict):  # several named templates: the one for tools, else the default
+        template = template.get("tool_use") or template.get("default") or ""
+    if not template:
+        return None
+    for fmt, signs in _SIGNS:
+        if any(sign in template for sign in signs):
+            return fmt
+    return JSON_CALLS if _renders_tools(tokenizer) else None
+
+
+def _renders_tools(tokenizer) -> bool:
+    messages = [{"role": "user", "content": "hi"}]
+    probe = [{"type": "function", "function": {"name": "probe_tool_7", "description": "", "parameters": {
+        "type": "object", "properties": {}}}}]
+    try:
+        return "probe_tool_7" in tokenizer.apply_chat_template(messages, tools=probe, tokenize=False)
+    except Exception:  # a template that fails on tools renders none
+        return False
 
 
 @dataclass
@@ -75,32 +128,64 @@ def _load_json(text: str) -> object:
             return exc
 
 
-def parse_tool_calls(text: str, known: set[str] | None = None) -> ParsedReply:
+def parse_tool_calls(text: str, known: set[str] | None = None, fmt: ToolFormat = HERMES) -> ParsedReply:
     """Split ``text`` into its prose, its tool calls and the calls that do not parse. ``known`` limits calls to
     bound tool names."""
-    if OPEN in text:
+    if fmt is HERMES and HERMES.marker in text:
         calls: list[ToolCall] = []
         invalid: list[InvalidToolCall] = []
         for match in _BLOCK.finditer(text):
-            value = _load_json(match.group(1))
-            call = f"not JSON: {value}" if isinstance(value, json.JSONDecodeError) else _call_from_json(value, known)
-            if isinstance(call, ToolCall):
-                calls.append(call)
-            else:
-                named = _NAME.search(match.group(1))  # the name where the JSON around it is broken
-                name = named.group(1) if named else None
-                invalid.append(InvalidToolCall(match.group(0), call, name))
+            _add(match.group(1), match.group(0), known, calls, invalid)
         return ParsedReply(_BLOCK.sub("", text).strip(), calls, invalid)
     stripped = text.strip()
+    for lead in (fmt.marker, fmt.lead):
+        if lead and stripped.startswith(lead):
+            stripped = stripped[len(lead):].strip()
     fenced = _FENCE.match(stripped)
     candidate = fenced.group(1) if fenced else stripped
-    if candidate.startswith(("{", "[")):
-        value = _load_json(candidate)
-        items = value if isinstance(value, list) else [value]
-        parsed = [_call_from_json(item, known) for item in items]
-        if parsed and all(isinstance(p, ToolCall) for p in parsed):
-            return ParsedReply("", parsed)  # type: ignore[arg-type]
-    return ParsedReply(stripped, [])
+    if not candidate.startswith(("{", "[")):
+        return ParsedReply(stripped, [])
+    values = _json_values(candidate)
+    if values is None:  # broken JSON: a call where it names one and the family writes calls this way
+        if fmt is not HERMES and _NAME.search(candidate):
+            return ParsedReply("", [], [InvalidToolCall(text.strip(), "not JSON", _NAME.search(candidate).group(1))])
+        return ParsedReply(stripped, [])
+    items = [item for value in values for item in (value if isinstance(value, list) else [value])]
+    parsed = [_call_from_json(item, known) for item in items]
+    if parsed and all(isinstance(p, ToolCall) for p in parsed):
+        return ParsedReply("", parsed)  # type: ignore[arg-type]
+    if fmt is not HERMES and items and all(isinstance(i, dict) and "name" in i for i in items):
+        invalid = [InvalidToolCall(json.dumps(item, ensure_ascii=False), result,
+                                   item["name"] if isinstance(item["name"], str) else None)
+                   for item, result in zip(items, parsed) if not isinstance(result, ToolCall)]
+        return ParsedReply("", [p for p in parsed if isinstance(p, ToolCall)], invalid)
+    return ParsedReply(stripped, [])  # JSON that names no tool is an answer, not a call
+
+
+def _add(body: str, written: str, known: set[str] | None, calls: list[ToolCall],
+         invalid: list[InvalidToolCall]) -> None:
+    """Parse one call's JSON ``body`` into ``calls``, or into ``invalid`` (as ``written``) with the reason."""
+    value = _load_json(body)
+    call = f"not JSON: {value}" if isinstance(value, json.JSONDecodeError) else _call_from_json(value, known)
+    if isinstance(call, ToolCall):
+        calls.append(call)
+    else:
+        named = _NAME.search(body)  # the name where the JSON around it is broken
+        invalid.append(InvalidToolCall(written, call, named.group(1) if named else None))
+
+
+def _json_values(text: str) -> list[object] | None:
+    """The JSON values written one after another in ``text`` (separated by whitespace, ``;`` or ``,``, as
+    Llama writes several calls), or None where any part is not JSON."""
+    decoder, values, position = json.JSONDecoder(), [], 0
+    while position < len(text):
+        try:
+            value, position = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            return None
+        values.append(value)
+        position = _SEPARATORS.match(text, position).end()
+    return values
 
 
 class ReplySplitter:
@@ -110,10 +195,12 @@ class ReplySplitter:
     the reply. With ``parse_tools`` False everything streams as prose.
     """
 
-    def __init__(self, prefill: str = "", parse_tools: bool = False, known: set[str] | None = None) -> None:
+    def __init__(self, prefill: str = "", parse_tools: bool = False, known: set[str] | None = None,
+                 fmt: ToolFormat = HERMES) -> None:
         self.text = prefill
         self.parse_tools = parse_tools
         self.known = known
+        self.fmt = fmt
         self.emitted = ""
         self._holding = parse_tools and bool(prefill)  # a forced call is a call from its first token
 
@@ -128,17 +215,20 @@ class ReplySplitter:
         if head[:1] in ("{", "[") or head.startswith("`"):
             self._holding = True  # may be a bare JSON call: decide at the end
             return ""
-        at = self.text.find(OPEN)
+        marker = self.fmt.marker
+        if marker is None:
+            return self._emit_until(len(self.text))
+        at = self.text.find(marker)
         if at >= 0:
             self._holding = True
             return self._emit_until(at)
-        return self._emit_until(len(self.text) - partial_marker_length(self.text, (OPEN,)))
+        return self._emit_until(len(self.text) - partial_marker_length(self.text, (marker,)))
 
     def finish(self) -> ParsedReply:
         """The prose not yet shown, and the tool calls (valid and not) of the whole reply."""
         if not self.parse_tools:
             return ParsedReply(self._emit_until(len(self.text)), [])
-        parsed = parse_tool_calls(self.text, self.known)
+        parsed = parse_tool_calls(self.text, self.known, self.fmt)
         content = parsed.content
         if content.startswith(self.emitted):
             rest = content[len(self.emitted) :]

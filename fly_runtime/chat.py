@@ -47,6 +47,10 @@ class ChatEncoder:
             literals.append(match.group(0))
             return f"{_OPEN}{len(literals) - 1}{_CLOSE}"
 
+        if not self.tokenizer.chat_template:
+            raise InvalidPromptError(
+                "this model's tokenizer has no chat template, so chat messages cannot be rendered for it: use a chat "
+                "(instruct) model, or send plain text with fly generate --raw")
         safe_messages = _map_strings(list(messages), lambda s: self._in_data.sub(hide, s))
         safe_tools = _map_strings(tools, lambda s: self._in_data.sub(hide, s)) if tools else None
         try:

@@ -11,11 +11,12 @@ from fly_runtime.errors import FlyError
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET
+    from fly_runtime.loader import AUTO_DRAFT, DEFAULT_TARGET
 
     parser.add_argument("--target", default=DEFAULT_TARGET, help="target model: built-in name, dir, .gguf, Hub id")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT,
-                        help="drafter model (same tokenizer as the target), or 'none' for prompt-lookup only")
+    parser.add_argument("--draft", default=AUTO_DRAFT,
+                        help="drafter model (same tokenizer as the target), 'none' for prompt lookup only, or 'auto': "
+                             "the one fly knows for the target")
     parser.add_argument("--backend", choices=["auto", "torch", "onnx"], default="auto",
                         help="auto: ONNX Runtime on CPU, PyTorch on CUDA")
     parser.add_argument("--device", default=None, help="PyTorch device (cpu, cuda, cuda:1)")
@@ -116,9 +117,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     engine = get_engine(settings)
     hf = None
     if any(spec.mode == HF_ASSISTED for spec in modes):
-        if settings.draft is None:
-            raise FlyError("hf-assisted needs a draft model")
-        hf = HfAssisted(resolve_model(settings.target).hf_dir, resolve_model(settings.draft).hf_dir)
+        if engine.draft_name is None:
+            raise FlyError("hf-assisted needs a draft model: pass --draft")
+        hf = HfAssisted(resolve_model(settings.target).hf_dir, resolve_model(engine.draft_name).hf_dir)
     llama = None
     if any(spec.mode == LLAMA_CPP for spec in modes):
         gguf = resolve_model(settings.target).gguf
@@ -127,7 +128,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         llama = LlamaCpp(gguf)
     engines = {spec.precision: get_engine(replace(settings, precision=spec.precision))
                for spec in modes if spec.precision}
-    described = {"target": settings.target, "draft": settings.draft, "backend": engine.target.backend.name,
+    described = {"target": settings.target, "draft": engine.draft_name, "backend": engine.target.backend.name,
                  **{name: getattr(base, name) for name in REQUEST_SETTINGS if name not in ("mode", "max_new_tokens", "seed")}}
     run_benchmark(engine, tasks, modes, base, args.suite, Path(args.out), hf, described, llama, engines)
     print((Path(args.out) / "summary.md").read_text())

@@ -84,6 +84,7 @@ class GenerationResult:
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS or a stop string), "length" (max_new_tokens) or "timeout"
     stats: GenerationStats = field(default_factory=GenerationStats)
+    draft_model: str | None = None  # the drafter model that served the request; None: prompt lookup or none
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,7 @@ class FlyEngine:
         cascade: Drafter | None = None,
         lookup_drafter: Drafter | None = None,
         host_threads: int | None = None,
+        draft_name: str | None = None,
     ) -> None:
         self.target = target
         self.tokenizer = tokenizer
@@ -157,6 +159,7 @@ class FlyEngine:
         # prompt lookup alone (free to draft), for adaptive requests until the model drafter has read the
         # prompt; None where the drafter reads nothing (it is prompt lookup itself)
         self.lookup_drafter = lookup_drafter
+        self.draft_name = draft_name  # the drafter model's name; None where prompt lookup drafts alone
         self.vocab_size = vocab_size  # logits beyond the shared vocabulary are padding and never chosen
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_context = max_context
@@ -234,13 +237,14 @@ class FlyEngine:
             raise InvalidPromptError("the prompt is empty: pass at least one token")
         window = self.max_context if config.context_window is None else min(config.context_window, self.max_context)
         if len(prompt) + config.max_new_tokens > window:
-            setting = ("context_window (num_ctx in LangChain)" if window < self.max_context
-                       else "the target's context window")
+            if window < self.max_context:
+                limit, fix = (f"the context window ({window} tokens, the context_window / num_ctx setting)",
+                              f", or raise context_window (up to {self.max_context})")
+            else:
+                limit, fix = f"the target's context window ({window} tokens)", ""
             raise InvalidPromptError(
-                f"prompt ({len(prompt)} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds {setting}: "
-                f"{window} tokens. Shorten the prompt or lower max_new_tokens"
-                + (f", or raise context_window (up to the target's {self.max_context})." if window < self.max_context
-                   else "."))
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({config.max_new_tokens}) exceeds {limit}: shorten "
+                f"the prompt or lower max_new_tokens{fix}.")
         return prompt
 
     # ------------------------------------------------------------------------------------------- the loop
@@ -273,7 +277,7 @@ class FlyEngine:
         seed = config.seed if config.seed is not None else int(torch.randint(0, 2**62, ()).item())
         sampler = Sampler(config.temperature, config.top_k, config.top_p, torch.Generator().manual_seed(seed))
         request = _Request(prompt, config, sampler, self._verification(config, prompt),
-                           StopTextStream(self.tokenizer, config.stop), self.eos_token_ids, start)
+                           StopTextStream(self.tokenizer, config.stop), self.eos_token_ids, start, self.draft_name)
         if config.json_schema is not None:
             if self._grammar_tokenizer is None:
                 self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
@@ -423,8 +427,9 @@ class _Request:
     """One request's state while the engine serves it."""
 
     def __init__(self, prompt: list[int], config: GenerationConfig, sampler: Sampler, checks: Verification,
-                 text: StopTextStream, eos: frozenset[int], start: float) -> None:
+                 text: StopTextStream, eos: frozenset[int], start: float, draft_name: str | None) -> None:
         self.prompt, self.config, self.sampler, self.checks, self.text = prompt, config, sampler, checks, text
+        self.draft_name = draft_name
         self.eos = eos
         self.start = start
         self.deadline = None if config.timeout is None else start + config.timeout
@@ -477,7 +482,8 @@ class _Request:
             stats.plain_steps = policy.plain_steps
         stats.lookup_rounds = self.proposer.lookup_rounds
         assert self.finish is not None
-        return GenerationResult(self.text.released, list(self.text.token_ids), self.finish, stats)
+        drafter = self.draft_name if self.config.mode != "ar" else None
+        return GenerationResult(self.text.released, list(self.text.token_ids), self.finish, stats, drafter)
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from fly_runtime.sources import BUILTIN_PAIRS, DEFAULT_PAIR, ResolvedModel, reso
 
 BackendName = Literal["auto", "torch", "onnx"]
 DEFAULT_TARGET, DEFAULT_DRAFT = BUILTIN_PAIRS[DEFAULT_PAIR]
+AUTO_DRAFT = "auto"
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,9 @@ class ModelSettings:
     """What identifies a loaded pair. Two callers with equal settings share one engine."""
 
     target: str = DEFAULT_TARGET
-    draft: str | None = DEFAULT_DRAFT  # None: prompt-lookup n-grams only
+    # "auto": the built-in pair's drafter for a built-in target, else the default drafter where it shares the
+    # target's tokenizer, else none; None: prompt-lookup n-grams only
+    draft: str | None = AUTO_DRAFT
     backend: BackendName = "auto"
     device: str | None = None
     # the target's weights on ONNX Runtime: fp32, int8, int4, or auto (the measured choice for this machine);
@@ -65,6 +68,9 @@ def _make_backend(model: ResolvedModel, kind: str, device: str | None, precision
             return OrtBackend(onnx_dir, threads=os.cpu_count())
     from fly_runtime.backends.torch_backend import TorchBackend
 
+    if model.exported_onnx:
+        raise InvalidSettingsError(f"{model.reference} is an ONNX export, which runs on ONNX Runtime only: use "
+                                   "backend='onnx' (the default on CPU), or pass the model's Hugging Face folder")
     with _loading(model):
         return TorchBackend(model.hf_dir, device=device)
 
@@ -73,6 +79,8 @@ def target_precision(settings: ModelSettings, model: ResolvedModel) -> str:
     """The target graph's precision: as set, or for ``auto`` the one measured fastest on this machine."""
     from fly_runtime.sources.convert import PRECISIONS
 
+    if model.exported_onnx:
+        return "as exported"
     if settings.precision == "auto":
         from fly_runtime.tuning import choose_precision
 
@@ -138,11 +146,12 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
     drafter: Drafter
     cascade: Drafter
     lookup: NgramDrafter | None = None
-    if settings.draft is None:
+    draft_name = auto_drafter(settings.target, tokenizer) if settings.draft == AUTO_DRAFT else settings.draft
+    if draft_name is None:
         drafter = cascade = NgramDrafter()
     else:
-        draft_model = resolve_model(settings.draft)
-        check_same_tokenizer(tokenizer, load_tokenizer(draft_model), settings.target, settings.draft)
+        draft_model = resolve_model(draft_name)
+        check_same_tokenizer(tokenizer, load_tokenizer(draft_model), settings.target, draft_name)
         draft_sequence = CachedSequence(_make_backend(draft_model, kind, settings.device, "int4"))
         # both views share one drafter cache; a request picks one with its `ngram` setting
         # prompt lookup (stateless) serves twice: in front of the drafter, and alone before the drafter reads
@@ -161,4 +170,20 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         cascade=cascade,
         lookup_drafter=lookup,
         host_threads=1 if kind == "onnx" else None,
+        draft_name=draft_name,
     )
+
+
+def auto_drafter(target: str, tokenizer) -> str | None:
+    """The drafter fly knows for ``target``: its built-in pair's; else the default drafter where it reads the
+    target's tokenizer (a Qwen2.5 model from the Hub, say); else None (prompt lookup alone)."""
+    for pair_target, pair_draft in BUILTIN_PAIRS.values():
+        if pair_target == target:
+            return pair_draft
+    if target == DEFAULT_DRAFT:
+        return None  # the drafter as a target has no smaller sibling here
+    try:
+        same = load_tokenizer(resolve_model(DEFAULT_DRAFT)).get_vocab() == tokenizer.get_vocab()
+    except FlyError:  # the default drafter cannot be fetched here: draft by prompt lookup
+        return None
+    return DEFAULT_DRAFT if same else None

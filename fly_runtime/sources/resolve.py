@@ -10,7 +10,14 @@ from pathlib import Path
 from fly_runtime.errors import InvalidSettingsError, ModelNotFoundError
 from fly_runtime.sources.builtin import BUILTIN_MODELS, fetch_builtin
 from fly_runtime.sources.cache import cache_dir, file_identity, fingerprint, model_lock
-from fly_runtime.sources.convert import GRAPH_VERSION, PRECISIONS, gguf_to_hf, hf_to_onnx, quantize_onnx
+from fly_runtime.sources.convert import (
+    GRAPH_VERSION,
+    PRECISIONS,
+    gguf_to_hf,
+    hf_to_onnx,
+    onnx_model_file,
+    quantize_onnx,
+)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -24,11 +31,16 @@ class ResolvedModel:
     hf_dir: Path
     key: str
     gguf: Path | None = None  # the GGUF the weights came from, where they came from one
+    # an ONNX export that came with the model (an Optimum ``model.onnx`` decoder with past_key_values inputs): it
+    # runs as exported, at its own precision, on ONNX Runtime only
+    exported_onnx: bool = False
 
     def build_onnx(self, precision: str) -> Path:
         """Build this model's ONNX graph at ``precision`` (one of PRECISIONS) and return its folder: a minute or
         more the first time, then read from the cache (keyed by source and weights). int8 is quantised from the
         fp32 graph."""
+        if self.exported_onnx:
+            return self.hf_dir
         if precision not in PRECISIONS:
             raise InvalidSettingsError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         folder = cache_dir() / "onnx" / f"{self.name}-{self.key}-{precision}-g{GRAPH_VERSION}"
@@ -38,6 +50,18 @@ class ResolvedModel:
                 return quantize_onnx(source, folder, bits=8)
         with model_lock(folder.name):
             return hf_to_onnx(self.hf_dir, folder, int4=precision == "int4")
+
+
+def is_onnx_export(folder: Path) -> bool:
+    """Does ``folder`` hold an ONNX decoder with a KV cache (as ``optimum-cli export onnx --task
+    text-generation-with-past`` writes it) instead of weights to build one from?"""
+    model = onnx_model_file(folder)
+    if not model.is_file() or any(folder.glob("*.safetensors")):
+        return False
+    import onnx
+
+    graph = onnx.load(str(model), load_external_data=False).graph
+    return any(i.name.startswith("past_key_values.") for i in graph.input)
 
 
 def resolve_model(reference: str) -> ResolvedModel:
@@ -63,7 +87,8 @@ def resolve_model(reference: str) -> ResolvedModel:
                 f"{path} is a directory but not a Hugging Face model (no config.json); "
                 "pass the folder that save_pretrained wrote."
             )
-        return ResolvedModel(reference, path.name, path, fingerprint(file_identity(path)))
+        return ResolvedModel(reference, path.name, path, fingerprint(file_identity(path)),
+                             exported_onnx=is_onnx_export(path))
     if path.exists():
         raise ModelNotFoundError(f"{path} is neither a model directory nor a .gguf file")
     if _HUB_ID.match(reference) and not reference.startswith((".", "/", "~")):

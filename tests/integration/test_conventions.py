@@ -28,3 +28,29 @@ async def test_achat_fires_one_llm_event():
     llm, handler = counting_llm()
     await llm.achat([ChatMessage(role=MessageRole.USER, content="Name a primary colour.")])
     assert len(handler.llm_token_counts) == 1
+
+
+def test_a_target_without_a_drafter_given_gets_the_one_fly_knows(tmp_path):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from fly_runtime import ModelSettings, load_engine
+    from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET, auto_drafter, load_tokenizer
+    from fly_runtime.sources import resolve_model
+    from tests.unit.conftest import CHATML
+    from tests.unit.test_onnx_build import tiny_tokenizer
+
+    target = resolve_model(DEFAULT_TARGET)
+    tokenizer = load_tokenizer(target)
+    assert auto_drafter(DEFAULT_TARGET, tokenizer) == DEFAULT_DRAFT  # its built-in pair
+    assert auto_drafter(str(target.hf_dir), tokenizer) == DEFAULT_DRAFT  # a folder of the same family
+    # another family: prompt lookup alone, where the default drafter gave a vocabulary error before
+    folder = tmp_path / "other-family"
+    Qwen2ForCausalLM(Qwen2Config(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(folder)
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHATML
+    tokenizer.save_pretrained(folder)
+    engine = load_engine(ModelSettings(target=str(folder), backend="torch", device="cpu"))
+    assert engine.draft_name is None and engine.drafter is not None  # prompt lookup
+    llm = FlyLLM(target=str(folder), backend="torch", device="cpu", mode="exact", max_tokens=4)
+    assert llm.complete("t1 t2 t3").additional_kwargs["fly"]["draft_model"] is None

@@ -6,8 +6,7 @@ import sys
 from pathlib import Path
 
 
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_example(name: str, *args: str) -> str:
@@ -35,9 +34,10 @@ def test_langchain_agent_calls_the_calculator():
     assert "1234" in calls[0]["args"]["expression"] and "5678" in calls[0]["args"]["expression"]
     assert "7006652" in answer.replace(",", "").replace(" ", "")
     # every step reads only what the conversation added since the last: this model answers a tool result by
-    # repeating the call, and the retry that steers it to answer keeps the prompt it read (tools and all)
+    # repeating the call, and the retry that steers it to answer keeps the prompt it read (tools and all). The
+    # final reply's usage counts both of its generations, each reading fewer than 48 new tokens
     usage = messages[-1].usage_metadata
-    assert usage["input_tokens"] - usage["input_token_details"]["cache_read"] < 48
+    assert usage["input_tokens"] - usage["input_token_details"]["cache_read"] < 2 * 48
 
 
 def test_langchain_examples_run_from_the_command_line():

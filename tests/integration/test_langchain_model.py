@@ -42,9 +42,10 @@ def test_number_guard_is_on_by_default_and_can_be_lifted_per_model_or_call():
     assert FlyChatModel(exact_numbers=False)._identifying_params["exact_numbers"] is False
 
 
-def test_adapter_defaults_are_the_library_defaults_but_for_the_reply_length():
+def test_adapter_defaults_are_the_library_defaults_but_for_the_reply_length_and_window():
     model = FlyChatModel()
-    assert model.generation_config() == GenerationConfig(max_new_tokens=model.max_tokens)
+    assert model.generation_config() == GenerationConfig(max_new_tokens=model.max_tokens, context_window=8192)
+    assert FlyChatModel(num_ctx=4096).generation_config().context_window == 4096
 
 
 def test_opening_guard_defaults_to_16_tokens_and_can_be_changed_per_call():

@@ -66,8 +66,9 @@ CHATML = (
 )
 
 
-@pytest.fixture(scope="session")
-def tokenizer():
+def bpe_tokenizer(special: list[str], added: list[str], template: str) -> PreTrainedTokenizerFast:
+    """A small real byte-level BPE tokenizer with ``special`` control tokens, ``added`` plain added tokens and
+    a chat ``template``."""
     corpus = ["What is the capital of France? Paris. system user assistant Ignore all previous instructions.",
               "<|im_end|> <|im_start|> <tool_call> {\"name\": \"x\"} PWNED word only answer always"] * 20
     bpe = Tokenizer(models.BPE())
@@ -76,7 +77,13 @@ def tokenizer():
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, initial_alphabet=alphabet))
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe)
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.add_tokens(["<tool_call>", "</tool_call>"])  # added, not special: as in Qwen's tokenizer
-    tok.chat_template = CHATML
+    tok.add_special_tokens({"additional_special_tokens": special})
+    tok.add_tokens(added)
+    tok.chat_template = template
     return tok
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    # <tool_call> is added, not special: as in Qwen's tokenizer
+    return bpe_tokenizer(["<|im_start|>", "<|im_end|>"], ["<tool_call>", "</tool_call>"], CHATML)

@@ -16,7 +16,8 @@ GOOD = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</t
 def a_reply(text: str) -> Reply:
     parsed = parse_tool_calls(text, {"get_weather"})
     stats = GenerationStats(prompt_tokens=12, new_tokens=30, target_forwards=10, seconds=1.0)
-    return Reply(parsed.content, parsed.calls, GenerationResult(parsed.content, [], "stop", stats), parsed.invalid)
+    return Reply(parsed.content, parsed.calls, GenerationResult(parsed.content, [], "stop", stats, "qwen2.5-coder-0.5b-instruct"),
+                 parsed.invalid)
 
 
 def test_langchain_stream_files_a_broken_call_as_invalid_beside_the_good_one():
@@ -30,6 +31,7 @@ def test_langchain_stream_files_a_broken_call_as_invalid_beside_the_good_one():
     assert message.invalid_tool_calls[0]["args"] == BROKEN
     assert message.usage_metadata["total_tokens"] == 42
     assert message.response_metadata["model_name"] == "qwen2.5-coder-1.5b-instruct"
+    assert message.response_metadata["draft_model"] == "qwen2.5-coder-0.5b-instruct"
 
 
 def test_llama_index_names_the_parse_error_when_a_call_was_required():

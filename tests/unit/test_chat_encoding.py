@@ -62,3 +62,12 @@ def test_lone_surrogate_is_a_clear_error(tokenizer):
 def test_the_encoder_is_built_once_per_tokenizer(tokenizer):
     from fly_runtime.chat import chat_encoder
     assert chat_encoder(tokenizer) is chat_encoder(tokenizer)
+
+
+def test_a_tokenizer_without_a_chat_template_is_named_not_a_transformers_traceback(tokenizer):
+    import copy
+
+    plain = copy.deepcopy(tokenizer)
+    plain.chat_template = None
+    with pytest.raises(InvalidPromptError, match="no chat template"):
+        encode_chat(plain, [{"role": "user", "content": "hi"}])

@@ -74,3 +74,16 @@ def test_junk_weights_are_named_not_a_safetensors_traceback(tmp_path):
     (folder / "model.safetensors").write_bytes(b"\x00junk" * 100)
     with pytest.raises(ModelIntegrityError, match="could not be loaded"):
         load_engine(ModelSettings(target=str(folder), draft=None, backend="torch", device="cpu"))
+
+
+def test_context_window_is_checked_and_named_before_any_model_reads(tmp_path):
+    from fly_runtime import GenerationConfig, InvalidPromptError, InvalidSettingsError
+    from fly_runtime.engine import FlyEngine
+
+    engine = FlyEngine(target=None, tokenizer=None, drafter=None, vocab_size=10, eos_token_ids=[0], max_context=100)
+    with pytest.raises(InvalidPromptError, match=r"context window \(20 tokens, the context_window / num_ctx"):
+        engine.stream(list(range(15)), GenerationConfig(mode="ar", max_new_tokens=8, context_window=20))
+    with pytest.raises(InvalidPromptError, match=r"target's context window \(100 tokens\)"):
+        engine.stream(list(range(95)), GenerationConfig(mode="ar", max_new_tokens=8))
+    with pytest.raises(InvalidSettingsError, match="context_window must be at least 2"):
+        GenerationConfig(context_window=1)

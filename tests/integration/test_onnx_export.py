@@ -1,0 +1,43 @@
+"""An Optimum ONNX export as a model reference: the built-in drafter, exported here by optimum-cli (offline, from
+the cached float32 folder), drafts for the target, and exact decoding stays identical to plain decoding."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fly_runtime import GenerationConfig, ModelSettings, get_engine
+from fly_runtime.chat import encode_chat
+from fly_runtime.errors import InvalidSettingsError
+from fly_runtime.loader import DEFAULT_DRAFT, load_engine
+from fly_runtime.sources import resolve_model
+from fly_runtime.sources.resolve import is_onnx_export
+
+
+@pytest.fixture(scope="module")
+def exported_drafter(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("optimum-export")
+    cli = Path(sys.executable).parent / "optimum-cli"  # the dev extra installs optimum-onnx
+    proc = subprocess.run([str(cli), "export", "onnx", "--model",
+                           str(resolve_model(DEFAULT_DRAFT).hf_dir), "--task", "text-generation-with-past",
+                           str(folder)], capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return folder
+
+
+def test_an_optimum_export_drafts_and_exact_stays_identical_to_ar(exported_drafter):
+    assert is_onnx_export(exported_drafter) and resolve_model(str(exported_drafter)).exported_onnx
+    engine = get_engine(ModelSettings(draft=str(exported_drafter)))
+    assert engine.draft_name == str(exported_drafter)
+    for question in ("Write a Python function that checks whether a number is prime.",
+                     "Explain in two sentences what a hash table is."):
+        ids = encode_chat(engine.tokenizer, [{"role": "user", "content": question}])
+        ar, exact = (engine.generate(ids, GenerationConfig(mode=mode, max_new_tokens=48)) for mode in ("ar", "exact"))
+        assert exact.token_ids == ar.token_ids
+        assert exact.stats.drafter_forwards > 0 and exact.stats.native_accepted > 0  # the export drafted
+
+
+def test_an_export_on_the_torch_backend_is_a_clear_error(exported_drafter):
+    with pytest.raises(InvalidSettingsError, match="ONNX export"):
+        load_engine(ModelSettings(draft=str(exported_drafter), backend="torch", device="cpu"))

@@ -1,0 +1,128 @@
+"""Tool calls by model family, on what each family's chat template renders (small real tokenizers made here,
+with chat templates written after each family's published format: Qwen2.5 / Hermes, Llama 3.1, Mistral)."""
+
+import pytest
+
+from fly_integrations.prompting import render_prompt, tool_choice_prefill
+from fly_integrations.tool_calls import HERMES, JSON_CALLS, LLAMA3, MISTRAL, ReplySplitter, parse_tool_calls, tool_format
+from fly_runtime.errors import InvalidPromptError
+from tests.unit.conftest import CHATML, bpe_tokenizer
+
+HERMES_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}\n{{ t | tojson }}{% endfor %}\n</tools>\n"
+    "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
+    "XML tags<|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n"
+    "{% for c in m.tool_calls %}<tool_call>\n{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+    "{{ c.function.arguments | tojson }}}\n</tool_call>{% if not loop.last %}\n{% endif %}{% endfor %}<|im_end|>\n"
+    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+LLAMA_TEMPLATE = (
+    "<|begin_of_text|>{% if tools %}<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+    "Respond to a function call with JSON {\"name\": function name, \"parameters\": dictionary of arguments}.\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|eot_id|>{% endif %}"
+    "{% for m in messages %}{% if m.role == 'assistant' and m.tool_calls %}"
+    "<|start_header_id|>assistant<|end_header_id|>\n\n<|python_tag|>{% for c in m.tool_calls %}"
+    "{\"name\": \"{{ c.function.name }}\", \"parameters\": {{ c.function.arguments | tojson }}}"
+    "{% if not loop.last %}; {% endif %}{% endfor %}<|eom_id|>"
+    "{% elif m.role == 'tool' %}<|start_header_id|>ipython<|end_header_id|>\n\n{{ m.content }}<|eot_id|>"
+    "{% else %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+MISTRAL_TEMPLATE = (
+    "<s>{% for m in messages %}{% if m.role == 'user' %}{% if loop.last and tools %}[AVAILABLE_TOOLS]"
+    "{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ m.content }}[/INST]"
+    "{% elif m.role == 'assistant' and m.tool_calls %}[TOOL_CALLS]"
+    "{{ m.tool_calls | map(attribute='function') | list | tojson }}</s>"
+    "{% elif m.role == 'tool' %}[TOOL_RESULTS]{\"content\": {{ m.content | tojson }}}[/TOOL_RESULTS]"
+    "{% else %}{{ m.content }}</s>{% endif %}{% endfor %}")
+
+FAMILIES = {
+    "hermes": (HERMES, bpe_tokenizer(["<|im_start|>", "<|im_end|>"], ["<tool_call>", "</tool_call>"],
+                                     HERMES_TEMPLATE)),
+    "llama3": (LLAMA3, bpe_tokenizer(["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                                      "<|eom_id|>", "<|python_tag|>"], [], LLAMA_TEMPLATE)),
+    "mistral": (MISTRAL, bpe_tokenizer(["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]",
+                                        "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]", "[/TOOL_RESULTS]"], [],
+                                       MISTRAL_TEMPLATE)),
+}
+TOOLS = [{"type": "function", "function": {"name": name, "description": "", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}} for name in ("get_weather", "get_time")]
+CALLS = [("get_weather", {"city": "Oslo"}), ("get_time", {"city": "Lima"})]
+CONVERSATION = [
+    {"role": "user", "content": "Weather and time in Oslo and Lima?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "id": f"c{i}", "function": {"name": n, "arguments": a}} for i, (n, a) in enumerate(CALLS)]},
+]
+# where each family's rendered assistant turn with the calls begins and ends
+TURN = {"hermes": ("<|im_start|>assistant\n", "<|im_end|>"),
+        "llama3": ("<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eom_id|>"),
+        "mistral": ("[/INST]", "</s>")}
+
+
+def rendered_calls(family: str, skip_control: bool) -> str:
+    """The assistant turn with the calls as the family's template renders it, decoded as the engine streams a
+    reply (control tokens dropped) or as its exact spans see it (kept)."""
+    fmt, tok = FAMILIES[family]
+    ids = tok.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=True)
+    text = tok.decode(ids, skip_special_tokens=False)
+    start, end = TURN[family]
+    turn = text[text.rindex(start) + len(start):text.rindex(end)]
+    return tok.decode(tok.encode(turn, add_special_tokens=False), skip_special_tokens=skip_control)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_family_is_told_from_its_template(family):
+    fmt, tok = FAMILIES[family]
+    assert tool_format(tok) is fmt
+
+
+def test_a_template_that_renders_tools_otherwise_gets_bare_json_and_one_that_ignores_them_none():
+    assert tool_format(bpe_tokenizer(["<|im_start|>", "<|im_end|>"], [], CHATML)) is JSON_CALLS
+    plain = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    no_tools = bpe_tokenizer(["<|im_start|>", "<|im_end|>"], [], plain)
+    assert tool_format(no_tools) is None
+    with pytest.raises(InvalidPromptError, match="renders no tools"):
+        render_prompt(no_tools, [{"role": "user", "content": "hi"}], TOOLS, "auto")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_parses_the_calls_its_template_renders(family):
+    fmt = FAMILIES[family][0]
+    for skip_control in (True, False):  # as streamed (control tokens dropped) and with them
+        parsed = parse_tool_calls(rendered_calls(family, skip_control), {"get_weather", "get_time"}, fmt)
+        assert [(c.name, c.arguments) for c in parsed.calls] == CALLS and not parsed.invalid
+        assert parsed.content == ""
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_reports_a_broken_call_as_invalid(family):
+    fmt = FAMILIES[family][0]
+    broken = rendered_calls(family, True).replace('"Lima"}', '"Lima"', 1)
+    parsed = parse_tool_calls(broken, {"get_weather", "get_time"}, fmt)
+    assert parsed.invalid and parsed.invalid[0].error and not parsed.content
+    assert parsed.invalid[-1].name in ("get_weather", "get_time")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_streams_prose_and_holds_its_calls(family):
+    fmt = FAMILIES[family][0]
+    splitter = ReplySplitter(parse_tools=True, known={"get_weather", "get_time"}, fmt=fmt)
+    text = rendered_calls(family, True)
+    shown = "".join(splitter.push(text[i:i + 5]) for i in range(0, len(text), 5))
+    assert shown == ""  # a call from its first character: nothing of it is shown as prose
+    assert [c.name for c in splitter.finish().calls] == ["get_weather", "get_time"]
+    answer = ReplySplitter(parse_tools=True, known={"get_weather"}, fmt=fmt)
+    assert answer.push("It is sunny in Oslo.") + answer.finish().content == "It is sunny in Oslo."
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tool_choice_opens_a_call_in_the_familys_format(family):
+    fmt, tok = FAMILIES[family]
+    forced = tool_choice_prefill("get_time", ["get_weather", "get_time"], fmt)
+    completed = forced + '"city": "Lima"}}' + ("]" if fmt is MISTRAL else "") + ("\n</tool_call>" if fmt is HERMES else "")
+    parsed = parse_tool_calls(tok.decode(tok.encode(completed, add_special_tokens=False), skip_special_tokens=True),
+                              {"get_weather", "get_time"}, fmt)
+    assert [(c.name, c.arguments) for c in parsed.calls] == [CALLS[1]]
+    prompt = render_prompt(tok, CONVERSATION[:1], TOOLS, "any")
+    assert prompt.prefill == fmt.prefill() and tok.decode(prompt.token_ids).endswith(fmt.prefill())
