@@ -31,7 +31,7 @@ from langchain_core.runnables import Runnable, RunnableLambda, RunnableMap, Runn
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import ConfigDict, Field, SecretStr
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
 
 from fly_integrations.params import OVERRIDABLE, FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
@@ -54,10 +54,13 @@ class FlyChatModel(FlyParams, BaseChatModel):
     stop: list[str] | None = Field(default=None, alias="stop_sequences")
     streaming: bool = False
     max_retries: int = Field(
-        default=0, description="accepted for drop-in compatibility with API models; local calls are not retried"
-    )
+        default=0, description="retries of a call to a server (base_url); local calls are not retried")
     api_key: SecretStr | None = Field(
-        default=None, description="accepted for drop-in compatibility with API models; a local model needs none")
+        default=None, description="the server's key (base_url); a local model needs none")
+    base_url: str | None = Field(
+        default=None, description="a `fly serve` (or other OpenAI-compatible) endpoint, e.g. http://127.0.0.1:8000/v1: "
+                                  "talk to it instead of loading the models in this process")
+    _client: Any = PrivateAttr(default=None)
 
     @property
     def _llm_type(self) -> str:
@@ -100,6 +103,8 @@ class FlyChatModel(FlyParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        if self.base_url:
+            return self._remote()._generate(messages, stop, run_manager, **self._remote_kwargs(kwargs))
         # streaming=True is served by BaseChatModel through _stream; this runs where it chose not to stream
         done = reply(self._request(messages, stop, kwargs))
         message = AIMessage(
@@ -120,6 +125,9 @@ class FlyChatModel(FlyParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        if self.base_url:
+            yield from self._remote()._stream(messages, stop, run_manager, **self._remote_kwargs(kwargs))
+            return
         items = stream_reply(self._request(messages, stop, kwargs))
         try:
             for item in items:
@@ -137,6 +145,8 @@ class FlyChatModel(FlyParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        if self.base_url:
+            return await self._remote()._agenerate(messages, stop, run_manager, **self._remote_kwargs(kwargs))
         return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
 
     async def _astream(
@@ -146,12 +156,44 @@ class FlyChatModel(FlyParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
+        if self.base_url:
+            async for chunk in self._remote()._astream(messages, stop, run_manager, **self._remote_kwargs(kwargs)):
+                yield chunk
+            return
         request = self._request(messages, stop, kwargs)
         async for item in aiter_in_thread(lambda: stream_reply(request)):
             chunk = self._chunk(item, kwargs.get("model"))
             if run_manager and chunk.text:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
+
+    # --------------------------------------------------------------------------------------- over a server
+    def _remote(self) -> Any:
+        """An OpenAI client for ``base_url`` with this model's settings; fly's own ride in the body."""
+        if self._client is None:
+            from langchain_openai import ChatOpenAI
+
+            fly = {name: getattr(self, name) for name in OVERRIDABLE if name not in _OPENAI_FIELDS}
+            self._client = ChatOpenAI(
+                base_url=self.base_url, api_key=self.api_key or SecretStr("none"), model=self.target,
+                temperature=self.temperature, top_p=self.top_p, seed=self.seed, max_tokens=self.max_tokens,
+                stop=self.stop, timeout=self.timeout, max_retries=self.max_retries, stream_usage=True,
+                extra_body=fly)
+        return self._client
+
+    def _remote_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Per-call keywords as the OpenAI client takes them: fly's settings into the body, tool_choice spelled
+        OpenAI's way."""
+        kwargs = dict(kwargs)
+        fly = {name: kwargs.pop(name) for name in OVERRIDABLE if name in kwargs and name not in _OPENAI_FIELDS}
+        if fly:
+            kwargs["extra_body"] = {**self._remote().extra_body, **fly}
+        choice = kwargs.get("tool_choice")
+        if choice == "any":
+            kwargs["tool_choice"] = "required"
+        elif isinstance(choice, str) and choice not in ("auto", "none", "required"):
+            kwargs["tool_choice"] = {"type": "function", "function": {"name": choice}}
+        return kwargs
 
     def _chunk(self, item: str | Reply, model: str | None) -> ChatGenerationChunk:
         """A text delta, or the closing chunk with the tool calls, usage and FLy stats."""
@@ -220,6 +262,10 @@ class FlyChatModel(FlyParams, BaseChatModel):
         with_parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
         without = RunnablePassthrough.assign(parsed=lambda _: None)
         return RunnableMap(raw=llm) | with_parsed.with_fallbacks([without], exception_key="parsing_error")
+
+
+# request settings the OpenAI API has fields of its own for
+_OPENAI_FIELDS = ("max_tokens", "temperature", "top_p", "seed")
 
 
 def _validator(schema: dict) -> Runnable:

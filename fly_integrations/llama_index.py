@@ -17,6 +17,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
     TextBlock,
+    ToolCallBlock,
 )
 from llama_index.core.base.llms.generic_utils import (
     achat_to_completion_decorator,
@@ -28,9 +29,9 @@ from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_ca
 from llama_index.core.llms.function_calling import FunctionCallingLLM
 from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools import BaseTool
-from pydantic import ConfigDict, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr
 
-from fly_integrations.params import FlyParams
+from fly_integrations.params import OVERRIDABLE, FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
 from fly_integrations.streaming import aiter_in_thread
 from fly_integrations.tool_calls import tool_format
@@ -46,7 +47,13 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
 
     model_config = ConfigDict(extra="forbid")  # an unknown keyword is an error, not silently dropped
 
+    base_url: str | None = Field(
+        default=None, description="a `fly serve` (or other OpenAI-compatible) endpoint, e.g. http://127.0.0.1:8000/v1: "
+                                  "talk to it instead of loading the models in this process")
+    api_key: str | None = Field(default=None, description="the server's key (base_url)")
+
     _metadata: LLMMetadata | None = PrivateAttr(default=None)
+    _client: Any = PrivateAttr(default=None)
 
     @classmethod
     def class_name(cls) -> str:
@@ -54,6 +61,9 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
+        if self._metadata is None and self.base_url:  # the server's model: its window is the setting
+            self._metadata = LLMMetadata(context_window=self.context_window or 8192, num_output=self.max_tokens,
+                                         is_chat_model=True, is_function_calling_model=True, model_name=self.target)
         if self._metadata is None:
             # the setting, at most the target's window (which needs its config: loaded once, on first ask)
             engine = self.engine()
@@ -104,6 +114,8 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         return self._chat(messages, **kwargs)
 
     def _chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        if self.base_url:
+            return _from_remote(self._remote().chat(messages, **self._remote_kwargs(kwargs)))
         done = reply(self._request(messages, kwargs))
         return self._response(done, done.content)
 
@@ -112,6 +124,8 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         return self._stream_chat(messages, **kwargs)
 
     def _stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        if self.base_url:
+            return (_from_remote(r) for r in self._remote().stream_chat(messages, **self._remote_kwargs(kwargs)))
         request = self._request(messages, kwargs)
 
         def gen() -> ChatResponseGen:
@@ -142,6 +156,14 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         return await self._astream_chat(messages, **kwargs)
 
     async def _astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        if self.base_url:
+            remote = await self._remote().astream_chat(messages, **self._remote_kwargs(kwargs))
+
+            async def relayed() -> ChatResponseAsyncGen:
+                async for response in remote:
+                    yield _from_remote(response)
+
+            return relayed()
         request = self._request(messages, kwargs)
 
         async def gen() -> ChatResponseAsyncGen:
@@ -151,6 +173,32 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
                 yield self._response(item, content)
 
         return gen()
+
+    # --------------------------------------------------------------------------------------- over a server
+    def _remote(self) -> Any:
+        """An OpenAI-compatible client for ``base_url`` with this model's settings; fly's own ride in the body."""
+        if self._client is None:
+            from llama_index.core.callbacks import CallbackManager
+            from llama_index.llms.openai_like import OpenAILike
+
+            fly = {name: getattr(self, name) for name in OVERRIDABLE if name not in ("max_tokens", "temperature")}
+            self._client = OpenAILike(
+                model=self.target, api_base=self.base_url, api_key=self.api_key or "none", is_chat_model=True,
+                is_function_calling_model=True, temperature=self.temperature, max_tokens=self.max_tokens,
+                context_window=self.context_window or 8192, timeout=self.timeout or 600.0,
+                # this class fires the callback events: the client's own manager stays empty
+                additional_kwargs={"extra_body": fly}, callback_manager=CallbackManager([]))
+        return self._client
+
+    def _remote_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """Per-call keywords as the OpenAI client takes them: fly's settings into the body."""
+        kwargs = dict(kwargs)
+        if kwargs.pop("tool_required", False) and kwargs.get("tools"):
+            kwargs["tool_choice"] = "required"
+        fly = {name: kwargs.pop(name) for name in OVERRIDABLE if name in kwargs and name != "max_tokens"}
+        if fly:
+            kwargs["extra_body"] = {**self._remote().additional_kwargs["extra_body"], **fly}
+        return kwargs
 
     # ------------------------------------------------------------------------------------------ completion
     # completion is chat on one user message, through LlamaIndex's own chat-to-completion converters
@@ -228,6 +276,17 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
                                  f"{invalid[0]['text']!r}")
             raise ValueError(f"expected at least one tool call, got none; the model said: {response.message.content!r}")
         return [ToolSelection(tool_id=c["id"], tool_name=c["name"], tool_kwargs=c["arguments"]) for c in calls]
+
+
+def _from_remote(response: ChatResponse) -> ChatResponse:
+    """A server's response with its tool calls where FlyLLM keeps them (``additional_kwargs["tool_calls"]``)."""
+    calls = [block for block in response.message.blocks if isinstance(block, ToolCallBlock)]
+    if calls:
+        response.message.additional_kwargs["tool_calls"] = [
+            {"id": c.tool_call_id, "name": c.tool_name,
+             "arguments": _arguments(c.tool_kwargs) if isinstance(c.tool_kwargs, str) else c.tool_kwargs}
+            for c in calls]
+    return response
 
 
 def _text_of(message: ChatMessage, index: int) -> str:

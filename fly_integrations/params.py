@@ -23,18 +23,18 @@ ADAPTER_DEFAULTS = {"max_new_tokens": 512, "context_window": 8192}
 ALIASES = {"context_window": AliasChoices("context_window", "num_ctx")}
 
 
-def _adapter_name(setting: str) -> str:
+def adapter_name(setting: str) -> str:
     return "max_tokens" if setting == "max_new_tokens" else setting
 
 
 # per-call keyword arguments that override a field for one request: the request settings, max_new_tokens under
 # the name the frameworks give it
-OVERRIDABLE = tuple(_adapter_name(name) for name in REQUEST_SETTINGS)
+OVERRIDABLE = tuple(adapter_name(name) for name in REQUEST_SETTINGS)
 
 # one field per request setting, typed as GenerationConfig types it
 _HINTS = get_type_hints(GenerationConfig)
 RequestSettings = create_model("RequestSettings", **{
-    _adapter_name(name): (_HINTS[name], Field(default=ADAPTER_DEFAULTS.get(name, getattr(GenerationConfig, name)),
+    adapter_name(name): (_HINTS[name], Field(default=ADAPTER_DEFAULTS.get(name, getattr(GenerationConfig, name)),
                                               description=help_text, validation_alias=ALIASES.get(name)))
     for name, help_text in REQUEST_SETTINGS.items()})
 

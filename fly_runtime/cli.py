@@ -228,6 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--precision", choices=["auto", "fp32", "int8", "int4"], default="auto",
                         help="with fetch --onnx: the graph precision (auto: time the candidates on this machine)")
     models.set_defaults(func=cmd_models)
+    # commands that live above the runtime (`fly serve`, in fly_integrations) register through an entry point
+    from importlib.metadata import entry_points
+
+    for command in entry_points(group="fly.commands"):
+        command.load()(sub, _add_model_args, _add_decoding_args)
     return parser
 
 

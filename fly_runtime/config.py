@@ -65,7 +65,7 @@ class GenerationConfig:
     stop: tuple[str, ...] = field(default_factory=tuple)
     timeout: float | None = None  # seconds a request may run; it then ends with finish_reason "timeout"
     # a prompt longer than this (tokens the target must read, past its cache) is announced with a warning:
-    # a CPU reads ~100 tokens a second, so 200 bound tools (14k tokens) take minutes; 0 = never warn
+    # a CPU reads a long prompt (200 bound tools' schemas, say) for minutes; 0 = never warn
     warn_prompt_tokens: int = 4096
     # most tokens a request may hold, prompt and reply; None = the target's maximum. The adapters default to
     # 8192: frameworks pack prompts up to the stated window, and a CPU reads a long prompt slowly

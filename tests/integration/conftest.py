@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
 import pytest
+
+EXTERNAL = os.environ.get("FLY_SERVER_URL")
+KEY = os.environ.get("FLY_SERVER_KEY", "test-key-123")
+MODEL = os.environ.get("FLY_SERVER_MODEL", "qwen2.5-coder-1.5b-instruct")
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -38,3 +50,38 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "/integration/" in str(item.path):
             item.add_marker(pytest.mark.real_model)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def fly_server(tmp_path_factory):
+    """`fly serve` on the default pair in a process of its own, on a free port (or, with FLY_SERVER_URL, a
+    server already running: scripts/gpu-check.sh points the tests at vLLM)."""
+    if EXTERNAL:
+        yield {"base": EXTERNAL.removesuffix("/v1"), "url": EXTERNAL, "pid": None}
+        return
+    port = free_port()
+    fly = Path(sys.executable).parent / "fly"
+    log = open(tmp_path_factory.mktemp("fly-serve") / "serve.log", "w+")
+    proc = subprocess.Popen([str(fly), "serve", "--port", str(port), "--api-key", KEY, "--mode", "exact",
+                             "--queue-depth", "16", "--max-new-tokens", "48"],
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        if proc.poll() is not None:
+            log.seek(0)
+            pytest.fail(f"fly serve exited: {log.read()[-2000:]}")
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(1)
+    yield {"base": base, "url": base + "/v1", "pid": proc.pid}
+    proc.terminate()
+    proc.wait(timeout=60)
+    log.close()

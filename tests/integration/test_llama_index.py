@@ -21,7 +21,9 @@ def index():
 def test_metadata_tells_the_truth():
     meta = FlyLLM().metadata
     assert meta.is_chat_model and meta.is_function_calling_model
-    assert meta.context_window == 32768  # Qwen2.5-Coder-1.5B's max_position_embeddings
+    assert meta.context_window == 8192  # the setting's default, within the model's 32768 positions
+    assert FlyLLM(context_window=None).metadata.context_window == 32768  # Qwen2.5-Coder-1.5B's maximum
+    assert FlyLLM(context_window=100_000).metadata.context_window == 32768
     assert meta.model_name == "qwen2.5-coder-1.5b-instruct" and meta.num_output == 512
 
 
@@ -123,7 +125,7 @@ def test_bad_input_then_good_request():
 
 
 def test_examples_run_from_the_command_line():
-    from tests.test_examples import run_example
+    from tests.integration.test_examples import run_example
 
     opening = run_example("llamaindex_query_engine.py").lower()
     assert "9:00" in opening or "9 am" in opening or "9am" in opening

@@ -1,0 +1,59 @@
+"""One request at a time on the engine, the rest waiting in arrival order up to a bounded depth."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"the server is busy: {retry_after} s")
+        self.retry_after = retry_after
+
+
+class QueueTimeout(Exception):
+    def __init__(self, retry_after: int) -> None:
+        super().__init__("timed out waiting for the model")
+        self.retry_after = retry_after
+
+
+class Admission:
+    """A FIFO turn on the engine: asyncio's lock wakes its waiters in order. A request arriving with ``depth``
+    already waiting is refused at once, with a retry time estimated from recent requests' durations."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self._lock = asyncio.Lock()
+        self._waiting = 0
+        self._durations: deque[float] = deque(maxlen=16)
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    def retry_after(self) -> int:
+        typical = sum(self._durations) / len(self._durations) if self._durations else 5.0
+        return max(1, math.ceil(typical * (self._waiting + 1)))
+
+    @asynccontextmanager
+    async def turn(self, timeout: float | None) -> AsyncIterator[None]:
+        if self._lock.locked() and self._waiting >= self.depth:
+            raise QueueFull(self.retry_after())
+        self._waiting += 1
+        try:
+            await asyncio.wait_for(self._lock.acquire(), timeout)
+        except TimeoutError:
+            raise QueueTimeout(self.retry_after()) from None
+        finally:
+            self._waiting -= 1
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._durations.append(time.perf_counter() - start)
+            self._lock.release()
