@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
@@ -61,6 +62,7 @@ class FlyChatModel(FlyParams, BaseChatModel):
         default=None, description="a `fly serve` (or other OpenAI-compatible) endpoint, e.g. http://127.0.0.1:8000/v1: "
                                   "talk to it instead of loading the models in this process")
     _client: Any = PrivateAttr(default=None)
+    _async_client: Any = PrivateAttr(default=None)  # (event loop, client)
 
     @property
     def _llm_type(self) -> str:
@@ -146,7 +148,8 @@ class FlyChatModel(FlyParams, BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         if self.base_url:
-            return await self._remote()._agenerate(messages, stop, run_manager, **self._remote_kwargs(kwargs))
+            remote = self._remote(asynchronous=True)
+            return await remote._agenerate(messages, stop, run_manager, **self._remote_kwargs(kwargs))
         return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
 
     async def _astream(
@@ -157,7 +160,8 @@ class FlyChatModel(FlyParams, BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         if self.base_url:
-            async for chunk in self._remote()._astream(messages, stop, run_manager, **self._remote_kwargs(kwargs)):
+            remote = self._remote(asynchronous=True)
+            async for chunk in remote._astream(messages, stop, run_manager, **self._remote_kwargs(kwargs)):
                 yield chunk
             return
         request = self._request(messages, stop, kwargs)
@@ -168,18 +172,29 @@ class FlyChatModel(FlyParams, BaseChatModel):
             yield chunk
 
     # --------------------------------------------------------------------------------------- over a server
-    def _remote(self) -> Any:
-        """An OpenAI client for ``base_url`` with this model's settings; fly's own ride in the body."""
-        if self._client is None:
-            from langchain_openai import ChatOpenAI
+    def _remote(self, asynchronous: bool = False) -> Any:
+        """An OpenAI client for ``base_url`` with this model's settings; fly's own ride in the body. Async calls get
+        a client of the running event loop's own (an HTTP client bound to a loop that has closed fails)."""
+        if not asynchronous:
+            if self._client is None:
+                self._client = self._openai()
+            return self._client
+        loop = asyncio.get_running_loop()
+        if self._async_client is None or self._async_client[0] is not loop:
+            import httpx
 
-            fly = {name: getattr(self, name) for name in OVERRIDABLE if name not in _OPENAI_FIELDS}
-            self._client = ChatOpenAI(
-                base_url=self.base_url, api_key=self.api_key or SecretStr("none"), model=self.target,
-                temperature=self.temperature, top_p=self.top_p, seed=self.seed, max_tokens=self.max_tokens,
-                stop=self.stop, timeout=self.timeout, max_retries=self.max_retries, stream_usage=True,
-                extra_body=fly)
-        return self._client
+            self._async_client = (loop, self._openai(http_async_client=httpx.AsyncClient(timeout=self.timeout)))
+        return self._async_client[1]
+
+    def _openai(self, **client: Any) -> Any:
+        from langchain_openai import ChatOpenAI
+
+        fly = {name: getattr(self, name) for name in OVERRIDABLE if name not in _OPENAI_FIELDS}
+        return ChatOpenAI(
+            base_url=self.base_url, api_key=self.api_key or SecretStr("none"), model=self.target,
+            temperature=self.temperature, top_p=self.top_p, seed=self.seed, max_tokens=self.max_tokens,
+            stop=self.stop, timeout=self.timeout, max_retries=self.max_retries, stream_usage=True, extra_body=fly,
+            **client)
 
     def _remote_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Per-call keywords as the OpenAI client takes them: fly's settings into the body, tool_choice spelled

@@ -185,7 +185,7 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
             self._client = OpenAILike(
                 model=self.target, api_base=self.base_url, api_key=self.api_key or "none", is_chat_model=True,
                 is_function_calling_model=True, temperature=self.temperature, max_tokens=self.max_tokens,
-                context_window=self.context_window or 8192, timeout=self.timeout or 600.0,
+                context_window=self.context_window or 8192, timeout=self.timeout or 600.0, reuse_client=False,
                 # this class fires the callback events: the client's own manager stays empty
                 additional_kwargs={"extra_body": fly}, callback_manager=CallbackManager([]))
         return self._client
