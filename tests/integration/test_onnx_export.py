@@ -30,8 +30,7 @@ def test_an_optimum_export_drafts_and_exact_stays_identical_to_ar(exported_draft
     assert is_onnx_export(exported_drafter) and resolve_model(str(exported_drafter)).exported_onnx
     engine = get_engine(ModelSettings(draft=str(exported_drafter)))
     assert engine.draft_name == str(exported_drafter)
-    for question in ("Write a Python function that checks whether a number is prime.",
-                     "Explain in two sentences what a hash table is."):
+    for question in ("Write a Python function that checks whether a number is prime.",):
         ids = encode_chat(engine.tokenizer, [{"role": "user", "content": question}])
         ar, exact = (engine.generate(ids, GenerationConfig(mode=mode, max_new_tokens=48)) for mode in ("ar", "exact"))
         assert exact.token_ids == ar.token_ids
