@@ -36,6 +36,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
 
 from fly_integrations.params import OVERRIDABLE, FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
+from fly_integrations.server.protocol import openai_tool_choice
 from fly_integrations.streaming import aiter_in_thread
 from fly_integrations.tools import normalize_tool_choice, validate_tool_schema
 from fly_runtime import GenerationResult
@@ -189,25 +190,19 @@ class FlyChatModel(FlyParams, BaseChatModel):
     def _openai(self, **client: Any) -> Any:
         from langchain_openai import ChatOpenAI
 
-        fly = {name: getattr(self, name) for name in OVERRIDABLE if name not in _OPENAI_FIELDS}
         return ChatOpenAI(
             base_url=self.base_url, api_key=self.api_key or SecretStr("none"), model=self.target,
             temperature=self.temperature, top_p=self.top_p, seed=self.seed, max_tokens=self.max_tokens,
-            stop=self.stop, timeout=self.timeout, max_retries=self.max_retries, stream_usage=True, extra_body=fly,
-            **client)
+            stop=self.stop, timeout=self.timeout, max_retries=self.max_retries, stream_usage=True,
+            extra_body=self.extra_body(), **client)
 
     def _remote_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """Per-call keywords as the OpenAI client takes them: fly's settings into the body, tool_choice spelled
         OpenAI's way."""
         kwargs = dict(kwargs)
-        fly = {name: kwargs.pop(name) for name in OVERRIDABLE if name in kwargs and name not in _OPENAI_FIELDS}
-        if fly:
-            kwargs["extra_body"] = {**self._remote().extra_body, **fly}
-        choice = kwargs.get("tool_choice")
-        if choice == "any":
-            kwargs["tool_choice"] = "required"
-        elif isinstance(choice, str) and choice not in ("auto", "none", "required"):
-            kwargs["tool_choice"] = {"type": "function", "function": {"name": choice}}
+        kwargs["extra_body"] = self.extra_body(kwargs)
+        if "tool_choice" in kwargs:
+            kwargs["tool_choice"] = openai_tool_choice(kwargs["tool_choice"])
         return kwargs
 
     def _chunk(self, item: str | Reply, model: str | None) -> ChatGenerationChunk:
@@ -277,10 +272,6 @@ class FlyChatModel(FlyParams, BaseChatModel):
         with_parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
         without = RunnablePassthrough.assign(parsed=lambda _: None)
         return RunnableMap(raw=llm) | with_parsed.with_fallbacks([without], exception_key="parsing_error")
-
-
-# request settings the OpenAI API has fields of its own for
-_OPENAI_FIELDS = ("max_tokens", "temperature", "top_p", "seed")
 
 
 def _validator(schema: dict) -> Runnable:

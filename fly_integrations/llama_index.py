@@ -31,7 +31,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools import BaseTool
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from fly_integrations.params import OVERRIDABLE, FlyParams
+from fly_integrations.params import FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
 from fly_integrations.streaming import aiter_in_thread
 from fly_integrations.tool_calls import tool_format
@@ -181,13 +181,13 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
             from llama_index.core.callbacks import CallbackManager
             from llama_index.llms.openai_like import OpenAILike
 
-            fly = {name: getattr(self, name) for name in OVERRIDABLE if name not in ("max_tokens", "temperature")}
             self._client = OpenAILike(
                 model=self.target, api_base=self.base_url, api_key=self.api_key or "none", is_chat_model=True,
                 is_function_calling_model=True, temperature=self.temperature, max_tokens=self.max_tokens,
                 context_window=self.context_window or 8192, timeout=self.timeout or 600.0, reuse_client=False,
                 # this class fires the callback events: the client's own manager stays empty
-                additional_kwargs={"extra_body": fly}, callback_manager=CallbackManager([]))
+                additional_kwargs={"top_p": self.top_p, "seed": self.seed, "extra_body": self.extra_body()},
+                callback_manager=CallbackManager([]))
         return self._client
 
     def _remote_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -195,9 +195,7 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         kwargs = dict(kwargs)
         if kwargs.pop("tool_required", False) and kwargs.get("tools"):
             kwargs["tool_choice"] = "required"
-        fly = {name: kwargs.pop(name) for name in OVERRIDABLE if name in kwargs and name != "max_tokens"}
-        if fly:
-            kwargs["extra_body"] = {**self._remote().additional_kwargs["extra_body"], **fly}
+        kwargs["extra_body"] = self.extra_body(kwargs)
         return kwargs
 
     # ------------------------------------------------------------------------------------------ completion

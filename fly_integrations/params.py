@@ -11,6 +11,8 @@ from fly_runtime import FlyEngine, GenerationConfig, ModelSettings, get_engine
 from fly_runtime.config import REQUEST_SETTINGS
 from fly_runtime.loader import AUTO_DRAFT, DEFAULT_TARGET
 
+# request settings the OpenAI API has fields of its own for; fly's others ride to a server as extra body fields
+OPENAI_FIELDS = ("max_tokens", "temperature", "top_p", "seed")
 # the generation statistics each reply's metadata carries
 METADATA_STATS = ("mean_accepted", "acceptance_rate", "fly_forgiven", "tokens_per_second", "target_forwards",
                   "mean_k", "cached_tokens")
@@ -102,6 +104,14 @@ class FlyParams(RequestSettings):
             json_schema=json_schema,
             config=lambda extra: self.generation_config([*stops, *extra], **overrides),
         )
+
+    def extra_body(self, call_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """fly's own settings as the extra body fields of a request to a server (base_url): this instance's,
+        overridden by those taken out of ``call_kwargs``."""
+        body = {name: getattr(self, name) for name in OVERRIDABLE if name not in OPENAI_FIELDS}
+        if call_kwargs is not None:
+            body |= {name: call_kwargs.pop(name) for name in list(call_kwargs) if name in body}
+        return body
 
     def fly_metadata(self, result, model: str | None = None) -> dict[str, Any]:
         """A reply's metadata: the models that served it (a per-call ``model=`` included; the drafter, None

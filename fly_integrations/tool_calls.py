@@ -147,8 +147,8 @@ def parse_tool_calls(text: str, known: set[str] | None = None, fmt: ToolFormat =
         return ParsedReply(stripped, [])
     values = _json_values(candidate)
     if values is None:  # broken JSON: a call where it names one and the family writes calls this way
-        if fmt is not HERMES and _NAME.search(candidate):
-            return ParsedReply("", [], [InvalidToolCall(text.strip(), "not JSON", _NAME.search(candidate).group(1))])
+        if fmt is not HERMES and (named := _NAME.search(candidate)):
+            return ParsedReply("", [], [InvalidToolCall(text.strip(), "not JSON", named.group(1))])
         return ParsedReply(stripped, [])
     items = [item for value in values for item in (value if isinstance(value, list) else [value])]
     parsed = [_call_from_json(item, known) for item in items]

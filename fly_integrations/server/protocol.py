@@ -130,6 +130,15 @@ def tool_choice(choice: str | dict[str, Any] | None) -> str | None:
     return "any" if choice == "required" else choice
 
 
+def openai_tool_choice(choice: Any) -> Any:
+    """fly's tool_choice as OpenAI's: 'any' -> 'required', a tool's name -> that function."""
+    if choice == "any":
+        return "required"
+    if isinstance(choice, str) and choice not in ("auto", "none", "required"):
+        return {"type": "function", "function": {"name": choice}}
+    return choice
+
+
 def json_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
     if not response_format or response_format.get("type") == "text":
         return None
