@@ -20,8 +20,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["auto", "torch", "onnx"], default="auto",
                         help="auto: ONNX Runtime on CPU, PyTorch on CUDA")
     parser.add_argument("--device", default=None, help="PyTorch device (cpu, cuda, cuda:1)")
-    parser.add_argument("--precision", choices=["auto", "fp32", "int8", "int4"], default="auto",
-                        help="the target's weights on ONNX Runtime (auto: measured fastest on this machine)")
+    parser.add_argument("--precision", choices=["auto", "fp32", "int8", "int4", "gguf"], default="auto",
+                        help="the target on the CPU: an ONNX Runtime graph (fp32, int8, int4), its GGUF under "
+                             "llama.cpp (gguf), or auto: the fastest here that agrees with the model")
 
 
 def _add_decoding_args(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
@@ -168,7 +169,8 @@ def cmd_models(args: argparse.Namespace) -> int:
                 from fly_runtime.tuning import choose_precision
 
                 precision = choose_precision(model)
-            line += f", ONNX {precision} {model.build_onnx(precision)}"
+            line += (f", the GGUF under llama.cpp ({model.gguf})" if precision == "gguf"
+                     else f", ONNX {precision} {model.build_onnx(precision)}")
         print(line)
     return 0
 
@@ -207,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(bench)
     _add_decoding_args(bench, exclude=("mode",))
     bench.set_defaults(max_new_tokens=128)
-    bench.add_argument("--suite", choices=["spec-bench", "gsm8k", "humaneval"], default="spec-bench")
+    bench.add_argument("--suite", choices=["spec-bench", "rag", "json", "gsm8k", "humaneval"], default="spec-bench",
+                       help="rag: Spec-Bench's rag and summarization prompts; json: schema extraction (scored)")
     bench.add_argument("--limit", type=int, default=None, help="first N prompts")
     bench.add_argument("--skip", type=int, default=0,
                        help="leave out the first N prompts (with --limit: one shard of a long run)")
@@ -225,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True,
                         help="with fetch: also build ONNX Runtime graphs (a pair: its target, timed once per "
                              "machine for --precision auto, and its int4 drafter)")
-    models.add_argument("--precision", choices=["auto", "fp32", "int8", "int4"], default="auto",
+    models.add_argument("--precision", choices=["auto", "fp32", "int8", "int4", "gguf"], default="auto",
                         help="with fetch --onnx: the graph precision (auto: time the candidates on this machine)")
     models.set_defaults(func=cmd_models)
     # commands that live above the runtime (`fly serve`, in fly_integrations) register through an entry point

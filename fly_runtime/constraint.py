@@ -60,6 +60,12 @@ class JsonConstraint:
             self.matcher.rollback(n)
         return torch.stack(masks), n
 
+    def forced(self) -> list[int]:
+        """The tokens the grammar allows no alternative to from here (keys, punctuation, closing brackets):
+        llguidance's fast-forward tokens. Drafted as they are, they are verified like any draft, so exact
+        decoding stays exact where the target would tokenize the same text otherwise."""
+        return list(self.matcher.compute_ff_tokens())
+
     def commit(self, token_ids: Sequence[int]) -> None:
         if token_ids and not self.matcher.consume_tokens(list(token_ids)):
             raise AssertionError(f"a committed token broke the grammar: {self.matcher.get_error()}")

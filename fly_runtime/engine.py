@@ -46,6 +46,7 @@ class GenerationStats:
     mean_k: float = 0.0  # mean draft length per speculative round
     plain_steps: int = 0  # steps decoded without speculation (measuring, falling back, or lookup found nothing)
     lookup_rounds: int = 0  # rounds drafted by prompt lookup alone, before the model drafter read the prompt
+    forced_tokens: int = 0  # tokens a grammar forced (keys, punctuation), verified in passes without drafting
     seconds: float = 0.0
 
     @property
@@ -310,8 +311,9 @@ class FlyEngine:
     def _step(self, request: _Request) -> list[int]:
         """One round: the proposer's draft verified by one target pass, or a plain step; the tokens to commit."""
         context = request.prompt + request.committed
+        forced = request.constraint.forced() if request.constraint is not None else ()
         proposal = request.proposer.propose(context, request.remaining,
-                                            request.checks.strict_leading(len(context)))
+                                            request.checks.strict_leading(len(context)), forced)
         if proposal.plain:
             new, verdict = self._plain_step(context[-1], request), None
         else:
@@ -411,10 +413,13 @@ class FlyEngine:
         else:
             verdict = verify_sampling(sampler.probs(logits), draft.probs, ids, sampler.generator, checks.rule,
                                       strict, checks.protected)
-        stats.drafter_forwards += draft.forwards
-        stats.drafted_tokens += len(draft_ids)
-        stats.native_accepted += verdict.native
-        stats.fly_forgiven += verdict.forgiven
+        if proposal.forced:
+            stats.forced_tokens += verdict.accepted
+        else:
+            stats.drafter_forwards += draft.forwards
+            stats.drafted_tokens += len(draft_ids)
+            stats.native_accepted += verdict.native
+            stats.fly_forgiven += verdict.forgiven
         kept = draft_ids[: verdict.accepted]
         # the target keeps context + kept drafts; the new token is fed at the start of the next round
         self.target.crop(cached + 1 + verdict.accepted)

@@ -30,8 +30,8 @@ class ModelSettings:
     draft: str | None = AUTO_DRAFT
     backend: BackendName = "auto"
     device: str | None = None
-    # the target's weights on ONNX Runtime: fp32, int8, int4, or auto (the measured choice for this machine);
-    # the drafter is always int4, since its numerics never change what exact mode outputs
+    # the target on the CPU: an ONNX Runtime graph (fp32, int8, int4), the GGUF run by llama.cpp (gguf), or auto:
+    # the fastest of them on this machine that keeps the model's choices (fly_runtime/tuning.py); drafter: int4
     precision: str = "auto"
 
 
@@ -59,13 +59,29 @@ def _pick_backend(settings: ModelSettings) -> str:
     return "torch" if on_gpu else "onnx"
 
 
+def open_target(model: ResolvedModel, precision: str, threads: int | None = None) -> Backend:
+    """The model on the CPU at ``precision``: an ONNX Runtime graph, or (``gguf``) its GGUF run by llama.cpp."""
+    from fly_runtime.sources.convert import GGUF
+
+    threads = threads or os.cpu_count()
+    if precision == GGUF:
+        if model.gguf is None:
+            raise InvalidSettingsError(f"precision 'gguf' runs a model's GGUF file with llama.cpp, and "
+                                       f"{model.reference} did not come as one: pick fp32, int8, int4 or auto")
+        from fly_runtime.backends.llama_cpp_backend import LlamaCppBackend
+
+        with _loading(model):
+            return LlamaCppBackend(model.gguf, threads=threads)
+    from fly_runtime.backends.ort_backend import OrtBackend
+
+    onnx_dir = model.build_onnx(precision)
+    with _loading(model):
+        return OrtBackend(onnx_dir, threads=threads)
+
+
 def _make_backend(model: ResolvedModel, kind: str, device: str | None, precision: str) -> Backend:
     if kind == "onnx":
-        from fly_runtime.backends.ort_backend import OrtBackend
-
-        onnx_dir = model.build_onnx(precision)
-        with _loading(model):
-            return OrtBackend(onnx_dir, threads=os.cpu_count())
+        return open_target(model, precision)
     from fly_runtime.backends.torch_backend import TorchBackend
 
     if model.exported_onnx:
@@ -75,19 +91,20 @@ def _make_backend(model: ResolvedModel, kind: str, device: str | None, precision
         return TorchBackend(model.hf_dir, device=device)
 
 
-def target_precision(settings: ModelSettings, model: ResolvedModel) -> str:
-    """The target graph's precision: as set, or for ``auto`` the one measured fastest on this machine."""
-    from fly_runtime.sources.convert import PRECISIONS
+def target_precision(settings: ModelSettings, model: ResolvedModel, tokenizer=None) -> str:
+    """The target graph's precision: as set, or for ``auto`` the fastest on this machine that is still the model
+    (fly_runtime/tuning.py)."""
+    from fly_runtime.sources.convert import TARGET_PRECISIONS
 
     if model.exported_onnx:
         return "as exported"
     if settings.precision == "auto":
         from fly_runtime.tuning import choose_precision
 
-        return choose_precision(model)
-    if settings.precision not in PRECISIONS:
+        return choose_precision(model, tokenizer)
+    if settings.precision not in TARGET_PRECISIONS:
         raise InvalidSettingsError(
-            f"precision must be auto or one of {', '.join(PRECISIONS)}, got {settings.precision!r}")
+            f"precision must be auto or one of {', '.join(TARGET_PRECISIONS)}, got {settings.precision!r}")
     return settings.precision
 
 
@@ -158,7 +175,7 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         lookup = NgramDrafter()
         drafter = ModelDrafter(draft_sequence, vocab_size)
         cascade = ModelDrafter(draft_sequence, vocab_size, lookup)
-    precision = target_precision(settings, target_model) if kind == "onnx" else "fp32"
+    precision = target_precision(settings, target_model, tokenizer) if kind == "onnx" else "fp32"
     target_backend = _make_backend(target_model, kind, settings.device, precision)
     return FlyEngine(
         CachedSequence(target_backend),

@@ -12,9 +12,12 @@ from dataclasses import dataclass
 
 from fly_runtime.adaptive import CostProfile, DeferredRead, DraftPolicy
 from fly_runtime.config import GenerationConfig
-from fly_runtime.drafters import Draft, Drafter, DraftShape
+from fly_runtime.drafters import Draft, Drafter, DraftShape, NgramDrafter
 from fly_runtime.sampling import Sampler
 from fly_runtime.verify import Verdict
+
+
+_FORCED = NgramDrafter()  # the source of forced proposals: stateless, nothing to commit
 
 
 @dataclass
@@ -35,6 +38,7 @@ class Proposal:
     ready: float  # when the proposal was made: verification is timed from here
     draft_seconds: float = 0.0  # spent drafting (a model draft; its catch-up read is not part of it)
     by_model: bool = False
+    forced: bool = False  # the grammar's forced tokens: no drafter's evidence
 
     @property
     def plain(self) -> bool:
@@ -57,11 +61,15 @@ class Proposer:
         if self.policy is not None and self.policy.adaptive and defer and learned.prefill_per_token is not None:
             self.deferral = DeferredRead(learned.read_share, learned.prefill_per_token)
 
-    def propose(self, context: Sequence[int], remaining: int, strict_leading: int) -> Proposal:
+    def propose(self, context: Sequence[int], remaining: int, strict_leading: int,
+                forced: Sequence[int] = ()) -> Proposal:
         """This round's proposal for ``context`` with ``remaining`` tokens of budget; the first
-        ``strict_leading`` drafts will be verified exactly."""
+        ``strict_leading`` drafts will be verified exactly. ``forced``: tokens a grammar allows no alternative
+        to from here (object keys, punctuation), proposed as they are: they cost a row each and no drafting."""
         start = time.perf_counter()
         policy = self.policy
+        if policy is not None and forced and remaining > 1:
+            return Proposal(Draft(list(forced[: remaining - 1])), _FORCED, start, start, forced=True)
         if policy is None or policy.next_is_plain() or remaining <= 1:
             return Proposal(Draft(), None, start, start)
         if not policy.model_drafts or (self.deferral is not None and not self.deferral.due(
@@ -78,7 +86,7 @@ class Proposer:
         """The step is done: ``produced`` tokens committed (``verdict`` None for a plain step)."""
         now = time.perf_counter()
         policy = self.policy
-        if policy is None:
+        if policy is None or proposal.forced:
             return
         if verdict is None:
             policy.record_plain(now - proposal.ready)

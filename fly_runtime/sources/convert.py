@@ -14,8 +14,9 @@ from fly_runtime.errors import ModelIntegrityError
 from fly_runtime.sources.cache import atomic_directory
 
 
-# bump when the graphs built here change, so caches rebuild them (2: fused GQA + logits_to_keep)
-GRAPH_VERSION = 2
+# bump when the graphs built here change, so caches rebuild them (2: fused GQA + logits_to_keep; 3: int4 of a
+# GGUF on its own grid)
+GRAPH_VERSION = 3
 
 
 def _say(message: str) -> None:
@@ -59,14 +60,18 @@ def gguf_to_hf(gguf_file: Path, out_dir: Path) -> Path:
 # graph precisions: fp32 (the source weights as they are), int8 (MatMulNBits 8-bit, block 32: close to the GGUF's
 # own weights), int4 (MatMulNBits 4-bit, block 32: a second 4-bit rounding, drafters' default)
 PRECISIONS = ("fp32", "int8", "int4")
+# what a target may run at: a graph above, or "gguf": the GGUF file itself, run by llama.cpp
+GGUF = "gguf"
+TARGET_PRECISIONS = (*PRECISIONS, GGUF)
 
 
-def hf_to_onnx(hf_dir: Path, out_dir: Path, int4: bool) -> Path:
+def hf_to_onnx(hf_dir: Path, out_dir: Path, int4: bool, gguf: Path | None = None) -> Path:
     """Build an ONNX Runtime graph of a causal LM (onnxruntime-genai's model builder), fp32 or int4.
 
     Why this builder and not a generic tracer: it emits fused GroupQueryAttention (rotary embedding inside,
     no repeated KV heads, no per-step mask arithmetic) and MatMulNBits weights, faster at every context length
-    (docs/design.md). int4 is the drafters' default: their numerics never change what the target accepts.
+    (docs/design.md). An int4 graph of a model that came as a GGUF (``gguf``) then takes the GGUF's own
+    grids instead of a second rounding (gguf_grid.py).
     """
     if onnx_model_file(out_dir).is_file():
         return out_dir
@@ -103,6 +108,12 @@ def hf_to_onnx(hf_dir: Path, out_dir: Path, int4: bool) -> Path:
         shutil.rmtree(scratch / "build-cache", ignore_errors=True)
         log.unlink()
         add_logits_to_keep(scratch / "model.onnx")
+        if gguf is not None:
+            from fly_runtime.sources.gguf_grid import regrid_graph
+
+            counts = regrid_graph(scratch / "model.onnx", gguf)
+            _say(f"weights on {gguf.name}'s own grid: {counts['4-bit']} matrices at 4 bits, {counts['8-bit']} at "
+                 f"8 bits (its 6-bit ones), {counts['as built']} re-quantised")
         shutil.copy2(hf_dir / "config.json", scratch / "config.json")
     _say(f"built in {time.perf_counter() - start:.0f} s")
     return out_dir

@@ -38,7 +38,7 @@ class ResolvedModel:
     def build_onnx(self, precision: str) -> Path:
         """Build this model's ONNX graph at ``precision`` (one of PRECISIONS) and return its folder: a minute or
         more the first time, then read from the cache (keyed by source and weights). int8 is quantised from the
-        fp32 graph."""
+        fp32 graph; int4 of a GGUF model takes the GGUF's own 4- and 6-bit grids (gguf_grid.py)."""
         if self.exported_onnx:
             return self.hf_dir
         if precision not in PRECISIONS:
@@ -49,7 +49,8 @@ class ResolvedModel:
             with model_lock(folder.name):
                 return quantize_onnx(source, folder, bits=8)
         with model_lock(folder.name):
-            return hf_to_onnx(self.hf_dir, folder, int4=precision == "int4")
+            return hf_to_onnx(self.hf_dir, folder, int4=precision == "int4",
+                              gguf=self.gguf if precision == "int4" else None)
 
 
 def is_onnx_export(folder: Path) -> bool:

@@ -38,6 +38,15 @@ def engine():
 
 
 @pytest.fixture(scope="session")
+def fp32_engine():
+    """The pair with its fp32 target, whose one-token steps and multi-token passes compute a token alike: where
+    lossless verification is tested token for token (quantised targets are judged by accuracy instead)."""
+    from fly_runtime import ModelSettings, get_engine
+
+    return get_engine(ModelSettings(precision="fp32"))
+
+
+@pytest.fixture(scope="session")
 def chat_ids(engine):
     def encode(text: str, system: str | None = None) -> list[int]:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]

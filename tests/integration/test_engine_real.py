@@ -1,4 +1,4 @@
-"""The engine on the real default pair (ONNX Runtime fp32 target, int4 drafter), offline."""
+"""The engine on the real pair with its fp32 target (ONNX Runtime, int4 drafter), offline."""
 
 import json
 import os
@@ -13,6 +13,12 @@ from tests.integration.conftest import PROMPTS
 
 
 TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def engine(fp32_engine):
+    """The algorithm's tests run on the fp32 target: token identity is exact there, and model drafts pay."""
+    return fp32_engine
 
 
 @pytest.fixture(scope="module")

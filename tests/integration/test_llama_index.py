@@ -28,8 +28,8 @@ def test_metadata_tells_the_truth():
 
 
 def test_exact_completion_equals_ar():
-    ar = FlyLLM(mode="ar", temperature=0, max_tokens=48).complete(PROMPT)
-    exact = FlyLLM(mode="exact", temperature=0, max_tokens=48).complete(PROMPT)
+    ar = FlyLLM(mode="ar", temperature=0, max_tokens=48, precision="fp32").complete(PROMPT)
+    exact = FlyLLM(mode="exact", temperature=0, max_tokens=48, precision="fp32").complete(PROMPT)
     assert exact.text == ar.text
     assert exact.additional_kwargs["fly"]["mean_accepted"] > 1.0
 

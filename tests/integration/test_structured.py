@@ -51,13 +51,27 @@ def test_a_fly_reply_under_a_json_schema_always_parses_and_validates(engine, que
     jsonschema.validate(json.loads(result.text), schema)
 
 
-def test_the_grammar_keeps_exact_decoding_identical_to_plain_decoding(engine):
+def test_the_grammar_keeps_exact_decoding_identical_to_plain_decoding(fp32_engine):
+    engine = fp32_engine
     question, schema = SCHEMAS[7]
     ids = encode_chat(engine.tokenizer, [{"role": "user", "content": question}])
     ar, exact = (engine.generate(ids, GenerationConfig(mode=mode, max_new_tokens=96, json_schema=json.dumps(schema)))
                  for mode in ("ar", "exact"))
     assert exact.token_ids == ar.token_ids
     jsonschema.validate(json.loads(ar.text), schema)
+
+
+def test_tokens_the_grammar_forces_are_verified_in_passes_without_drafting(engine):
+    question, schema = SCHEMAS[0]
+    ids = encode_chat(engine.tokenizer, [{"role": "user", "content": question}])
+    config = GenerationConfig(mode="exact", max_new_tokens=64, json_schema=json.dumps(schema), ngram=False)
+    result = engine.generate(ids, config)
+    jsonschema.validate(json.loads(result.text), schema)
+    # keys, quotes and punctuation came as forced drafts: more than one token per target pass
+    assert result.stats.forced_tokens >= 5
+    assert result.stats.target_forwards < result.stats.new_tokens
+    plain = engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=64, json_schema=json.dumps(schema)))
+    assert plain.stats.forced_tokens == 0 and plain.stats.target_forwards >= plain.stats.new_tokens
 
 
 class Pet(BaseModel):

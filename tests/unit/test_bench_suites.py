@@ -64,3 +64,21 @@ def test_bench_rejects_a_bad_shard_before_loading_models(tmp_path, data_dir, ski
     proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "bench", "--suite", "gsm8k", "--skip", skip,
                            "--out", str(tmp_path / "bench")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_rag_suite_is_spec_bench_rag_and_summarization(data_dir):
+    tasks = load_tasks("rag", data_dir, per_category=2)
+    assert len(tasks) == 4 and {t.category for t in tasks} == {"rag", "summarization"}
+
+
+def test_json_suite_scores_parsed_valid_and_matching_extractions(data_dir):
+    from fly_runtime.bench.suites import score_json
+
+    tasks = load_tasks("json", data_dir)
+    assert len(tasks) == 8 and all("schema" in t.reference for t in tasks)
+    invoice = tasks[0]
+    right = dict(invoice.reference["expected"], seller="norrvik  timber ab", total=548.0)
+    assert score_json(invoice, json.dumps(right))
+    assert not score_json(invoice, json.dumps(dict(right, total=584)))  # a wrong number
+    assert not score_json(invoice, json.dumps({k: v for k, v in right.items() if k != "buyer"}))  # invalid
+    assert not score_json(invoice, json.dumps(right)[:-1])  # cut short: does not parse

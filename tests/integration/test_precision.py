@@ -1,0 +1,64 @@
+"""The default target precision on the real pair: the graph ``auto`` runs is the model (it agrees with the
+GGUF's full-precision weights), it came from a measured record, and the reference it was judged by is the
+model's own choices."""
+
+import numpy as np
+import pytest
+import torch
+
+from fly_runtime.chat import encode_chat
+from fly_runtime.loader import DEFAULT_TARGET, ModelSettings, target_precision
+from fly_runtime.sources import resolve_model
+from fly_runtime.sources.convert import GRAPH_VERSION
+from fly_runtime.tuning import AGREEMENT_FLOOR, SHIPPED_REFERENCES, fidelity, recorded_precision, reference
+
+
+def test_the_shipped_reference_is_the_full_precision_models_choices(engine):
+    from fly_runtime.backends.torch_backend import TorchBackend
+
+    model = resolve_model(DEFAULT_TARGET)
+    ref = reference(model, engine.tokenizer)
+    assert (SHIPPED_REFERENCES / f"{model.name}-{model.key}.npz").is_file()
+    # the first chunk again, from the dequantised GGUF in PyTorch at fp32
+    logits = TorchBackend(model.hf_dir, device="cpu", dtype=torch.float32).forward(ref["ids"][:128].tolist())
+    logprobs = torch.log_softmax(logits.double(), dim=-1)
+    assert (logprobs.argmax(-1).numpy() == ref["top_ids"][:128, 0]).all()
+    np.testing.assert_allclose(torch.gather(logprobs, 1, torch.from_numpy(ref["top_ids"][:128]).long()).numpy(),
+                               ref["top_logprobs"][:128], atol=1e-3)
+
+
+def test_auto_runs_the_fastest_recorded_graph_that_is_the_model(engine):
+    model = resolve_model(DEFAULT_TARGET)
+    choice = target_precision(ModelSettings(), model, engine.tokenizer)
+    record = recorded_precision(model.key)
+    assert record is not None and record["precision"] == choice
+    measured = record["ms"]
+    qualified = [p for p, m in measured.items() if m.get("agreement", 1.0) >= AGREEMENT_FLOOR]
+    assert choice == min(qualified, key=lambda p: measured[p]["1"])
+    runs = engine.target.backend.name
+    assert runs == f"llama.cpp-{model.gguf.stem}" if choice == "gguf" else runs.endswith(f"-{choice}-g{GRAPH_VERSION}")
+    if choice != "fp32":  # measured again now: what the engine runs agrees with the model
+        with engine.exclusive():  # the engine's own target, borrowed between requests
+            again = fidelity(engine.target.backend, reference(model, engine.tokenizer))
+        assert again["agreement"] >= AGREEMENT_FLOOR
+        assert abs(again["agreement"] - measured[choice]["agreement"]) < 0.005
+
+
+def test_the_gguf_under_llama_cpp_reads_crops_and_keeps_logits_like_a_graph(engine):
+    pytest.importorskip("llama_cpp", reason="the [llama-cpp] extra (CI installs it)")
+    from fly_runtime.backends.base import CachedSequence
+    from fly_runtime.loader import open_target
+
+    model = resolve_model(DEFAULT_TARGET)
+    sequence = CachedSequence(open_target(model, "gguf"))
+    ids = encode_chat(engine.tokenizer, [{"role": "user", "content": "Write a haiku about rivers."}])
+    first = sequence.extend(ids, keep=1)
+    assert first.shape == (1, engine.vocab_size) or first.shape[1] >= engine.vocab_size
+    step = int(first[0].argmax())
+    passed = sequence.extend([step, 11, 12], keep=3)  # a verification pass: logits of all three
+    assert passed.shape[0] == 3
+    sequence.crop(len(ids))
+    again = sequence.extend([step, 11, 12], keep=3)
+    torch.testing.assert_close(again, passed)  # the crop removed exactly what the pass added
+    sequence.crop(len(ids) - 5)
+    assert torch.equal(sequence.extend(ids[-5:], keep=1)[0].argmax(), first[0].argmax())
