@@ -27,7 +27,8 @@ def available() -> bool:
 class LlamaCppBackend:
     BATCH = 512  # tokens per llama_decode call
 
-    def __init__(self, gguf: Path, context: int = 8192, threads: int | None = None) -> None:
+    def __init__(self, gguf: Path, context: int = 0, threads: int | None = None) -> None:
+        """``context``: positions the KV cache holds (0: the model's trained context, as a request may use it)."""
         if not available():
             raise InvalidSettingsError("backend 'llama-cpp' needs llama-cpp-python: pip install "
                                        "'fly-integrations[llama-cpp]' (it builds llama.cpp, about 10 minutes once)")

@@ -43,3 +43,14 @@ def test_beside_a_fast_target_only_prompt_lookup_drafts_and_without_probabilitie
     assert propose.lookup_rounds == 1
     nothing_to_copy = propose.propose([1, 2, 3, 4], 20, 0)  # lookup finds nothing: a plain step
     assert nothing_to_copy.plain
+
+
+def test_forced_tokens_are_proposed_as_they_are_and_teach_the_policy_nothing():
+    propose = proposer("exact", Learned(plain_step=0.059, costs=FAST_TARGET), NgramDrafter())
+    forced = propose.propose(CONTEXT, 20, 0, forced=[40, 41, 42])
+    assert forced.forced and forced.draft.token_ids == [40, 41, 42] and not forced.plain
+    propose.record(forced, Verdict(accepted=3, next_token=3, native=3, forgiven=0, matched=3), 4)
+    assert propose.lookup_rounds == 0 and propose.policy.rounds == 0
+    assert propose.propose(CONTEXT, 3, 0, forced=[40, 41, 42]).draft.token_ids == [40, 41]  # the budget holds
+    # plain decoding stays plain: `ar` is the baseline, so a grammar's forced tokens are decoded one by one
+    assert proposer("ar", Learned(plain_step=0.05), NgramDrafter()).propose(CONTEXT, 20, 0, forced=[40]).plain
