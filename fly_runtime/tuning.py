@@ -1,11 +1,11 @@
 """The target's precision for this machine, chosen by measurement once and kept in the cache.
 
-``precision="auto"`` runs the fastest graph that still is the model: which graph decodes fastest depends on
-the CPU (instruction set, cores, memory bandwidth), so each candidate's one-token step and nine-token pass
-are timed once per machine and model; and a quantised graph qualifies only where, teacher-forced over a
-fixed text, its next-token choice agrees with the model's full-precision weights at least as often as
-``AGREEMENT_FLOOR`` (llama.cpp on the same GGUF agrees 98.0%; the accuracy runs behind the floor are in
-docs/benchmarks.md). Token identity between one-token steps and multi-token passes is measured and reported,
+``precision="auto"`` runs the fastest target that still is the model: an ONNX Runtime graph or the GGUF itself
+under llama.cpp. Which decodes fastest depends on the CPU (instruction set, cores, memory bandwidth), so each
+candidate's one-token step and nine-token pass are timed once per machine and model; and a quantised
+candidate qualifies only where, teacher-forced over a fixed text, its next-token choice agrees with the
+model's full-precision weights at least as often as ``AGREEMENT_FLOOR`` (llama.cpp on the same GGUF agrees
+97.9-98.0%; the measurements are in docs/benchmarks.md). Token identity between one-token steps and multi-token passes is measured and reported,
 not required: quantised kernels round one row differently from several, as llama.cpp's and vLLM's do. The
 record lives in ``<cache>/tuning.json``; ``fly models list`` shows it and ``precision=...`` overrides it.
 """

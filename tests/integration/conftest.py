@@ -47,10 +47,16 @@ def fp32_engine():
 
 
 @pytest.fixture(scope="session")
-def chat_ids(engine):
+def chat_ids():
+    """Chat prompt ids for the pair's tokenizer (the same at every target precision)."""
+    from fly_runtime.loader import DEFAULT_TARGET, load_tokenizer
+    from fly_runtime.sources import resolve_model
+
+    tokenizer = load_tokenizer(resolve_model(DEFAULT_TARGET))
+
     def encode(text: str, system: str | None = None) -> list[int]:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
-        return engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
     return encode
 
