@@ -108,12 +108,16 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
+def _chunked_logprobs(forward, ids: list[int], chunk: int = 128):
+    """Log-probabilities of the next token after each of ``ids[:-1]``, a chunk of positions at a time."""
+    for start in range(0, len(ids) - 1, chunk):
+        yield _log_softmax(forward(ids[start:min(start + chunk, len(ids) - 1)]).numpy().astype(np.float64))
+
+
 def teacher_forced(forward, ids: list[int], chunk: int = 128, top: int = 16) -> dict[str, np.ndarray]:
     """Each position's top-``top`` token ids and log-probabilities, feeding ``ids`` in chunks."""
     top_ids, top_lp = [], []
-    for start in range(0, len(ids) - 1, chunk):
-        logits = forward(ids[start:min(start + chunk, len(ids) - 1)]).numpy()
-        lp = _log_softmax(logits.astype(np.float64))
+    for lp in _chunked_logprobs(forward, ids, chunk):
         order = np.argsort(-lp, axis=-1)[:, :top]
         top_ids.append(order.astype(np.int32))
         top_lp.append(np.take_along_axis(lp, order, axis=-1).astype(np.float32))
@@ -151,15 +155,17 @@ def fidelity(backend, ref: dict[str, np.ndarray]) -> dict[str, float]:
 
         backend = OrtBackend(backend, threads=os.cpu_count())
     backend.crop(0)
-    ids = ref["ids"].tolist()
-    logprobs = []
-    for start in range(0, len(ids) - 1, 128):
-        chunk = ids[start:min(start + 128, len(ids) - 1)]
-        logprobs.append(_log_softmax(backend.forward(chunk).numpy().astype(np.float64)))
-    lp = np.concatenate(logprobs)
-    agreement = float((lp.argmax(axis=-1) == ref["top_ids"][:, 0]).mean())
+    top_ids = ref["top_ids"].astype(np.int64)
+    # per position: the backend's top token, and its log-probabilities of the reference's top tokens (a whole
+    # vocabulary's log-probabilities for every position would take gigabytes)
+    argmax, at_ref, done = [], [], 0
+    for lp in _chunked_logprobs(backend.forward, ref["ids"].tolist()):
+        argmax.append(lp.argmax(axis=-1))
+        at_ref.append(np.take_along_axis(lp, top_ids[done:done + len(lp)], axis=-1))
+        done += len(lp)
+    agreement = float((np.concatenate(argmax) == top_ids[:, 0]).mean())
     p_ref = np.exp(ref["top_logprobs"].astype(np.float64))
-    kl = (p_ref * (ref["top_logprobs"] - np.take_along_axis(lp, ref["top_ids"].astype(np.int64), axis=-1))).sum(-1)
+    kl = (p_ref * (ref["top_logprobs"] - np.concatenate(at_ref))).sum(-1)
     backend.crop(0)
     return {"agreement": agreement, "kl": float(kl.mean())}
 

@@ -13,7 +13,6 @@ Here each block keeps the GGUF's own q and a, the zero point is ``round(b / a)``
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,6 @@ import numpy as np
 
 Q4_K, Q6_K = 12, 14  # ggml type ids
 _BLOCK_BYTES = {Q4_K: 144, Q6_K: 210}
-SUPER = 256  # weights in a K-quant super-block
 
 
 @dataclass
@@ -139,10 +137,6 @@ def gguf_names(node_name: str, tied: bool) -> list[str] | None:
     return [f"blk.{match.group(1)}.{_PROJECTIONS[match.group(2)]}.weight"] if match else None
 
 
-def _say(message: str) -> None:
-    print(f"fly: {message}", file=sys.stderr, flush=True)
-
-
 def read_gguf_tensors(gguf_file: Path) -> tuple[dict, bool]:
     """The GGUF's tensors by name, and whether its LM head is tied to the embedding (no ``output.weight``)."""
     from gguf import GGUFReader
@@ -176,7 +170,7 @@ def _concat(grids: list[Grid]) -> Grid | None:
                 np.concatenate([g.zero for g in grids]), first.bits, first.block, residual)
 
 
-def regrid_graph(model_file: Path, gguf_file: Path, head: bool = True) -> dict[str, int]:
+def regrid_graph(model_file: Path, gguf_file: Path) -> dict[str, int]:
     """Rewrite a builder int4 graph's MatMulNBits weights on the GGUF's own grids (in place, weights in the
     external data file beside the graph). Returns counts: matrices on the GGUF's grid at 4 and 8 bits, and
     those left as built (a type with no exact MatMulNBits form, or a packed node of mixed types)."""
@@ -201,7 +195,7 @@ def regrid_graph(model_file: Path, gguf_file: Path, head: bool = True) -> dict[s
     for index, node in enumerate(graph.node):
         if node.op_type != "MatMulNBits":
             continue
-        names = gguf_names(node.name, tied) if head or "lm_head" not in node.name else None
+        names = gguf_names(node.name, tied)
         attrs = {a.name: a for a in node.attribute}
         k, n = attrs["K"].i, attrs["N"].i
         grid = None
