@@ -50,8 +50,9 @@ class FlyParams(RequestSettings):
                                           "None: prompt lookup only")
     backend: Literal["auto", "torch", "onnx"] = "auto"
     device: str | None = None
-    precision: Literal["auto", "fp32", "int8", "int4"] = Field(
-        default="auto", description="the target's weights on ONNX Runtime (auto: measured fastest on this machine)")
+    precision: Literal["auto", "fp32", "int8", "int4", "gguf"] = Field(
+        default="auto", description="the target's weights: an ONNX Runtime graph (fp32, int8, int4) or the GGUF under "
+                                    "llama.cpp (gguf); auto: the fastest that agrees with the model on this machine")
     timeout: float | None = Field(
         default=GenerationConfig.timeout,
         description="seconds one generation may run; it then ends with finish_reason 'timeout'")

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from fly_runtime.bench.suites import SUITES
 from fly_runtime.config import MODES, REQUEST_SETTINGS, GenerationConfig
 from fly_runtime.errors import FlyError
 
@@ -131,9 +132,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
                for spec in modes if spec.precision}
     described = {"target": settings.target, "draft": engine.draft_name, "backend": engine.target.backend.name,
                  **{name: getattr(base, name) for name in REQUEST_SETTINGS if name not in ("mode", "max_new_tokens", "seed")}}
-    run_benchmark(engine, tasks, modes, base, args.suite, Path(args.out), hf, described, llama, engines)
+    run_task = _suite_runner(args.suite, engine, settings, base, llama)
+    run_benchmark(engine, tasks, modes, base, args.suite, Path(args.out), hf, described, llama, engines, run_task)
     print((Path(args.out) / "summary.md").read_text())
     return 0
+
+
+def _suite_runner(suite: str, *args):
+    """The runner of a suite whose turns go through an integration (registered as a ``fly.bench`` entry point:
+    the tools suite calls LangChain's bind_tools), else None."""
+    from importlib.metadata import entry_points
+
+    for found in entry_points(group="fly.bench", name=suite):
+        return found.load()(*args)
+    return None
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -209,15 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(bench)
     _add_decoding_args(bench, exclude=("mode",))
     bench.set_defaults(max_new_tokens=128)
-    bench.add_argument("--suite", choices=["spec-bench", "rag", "json", "gsm8k", "humaneval"], default="spec-bench",
-                       help="rag: Spec-Bench's rag and summarization prompts; json: schema extraction (scored)")
+    bench.add_argument("--suite", choices=SUITES, default="spec-bench",
+                       help="rag: Spec-Bench's rag and summarization prompts; tools: BFCL function-calling turns through "
+                            "LangChain's bind_tools (scored); json: schema extraction (scored)")
     bench.add_argument("--limit", type=int, default=None, help="first N prompts")
     bench.add_argument("--skip", type=int, default=0,
                        help="leave out the first N prompts (with --limit: one shard of a long run)")
     bench.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
     bench.add_argument("--modes", default="ar,exact,fly",
                        help="comma-separated: ar, exact, fly, hf-assisted, llama-cpp (llama.cpp on the target's GGUF); "
-                            "':kN' fixes K (fly:k10), ':int4' / ':int8' / ':fp32' sets the target's precision (ar:int4)")
+                            "':kN' fixes K (fly:k10), ':int4' / ':int8' / ':fp32' / ':gguf' sets the target's precision "
+                            "(ar:int4)")
     bench.add_argument("--data", default=None, help="folder with the benchmark files (default: ../shared/data)")
     bench.add_argument("--out", required=True, help="output folder")
     bench.set_defaults(func=cmd_bench)

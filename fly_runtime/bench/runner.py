@@ -7,6 +7,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -88,7 +89,8 @@ class HfAssisted:
 class LlamaCpp:
     """llama.cpp (llama-cpp-python) decoding the same GGUF plainly and greedily: the peer a CPU user would run.
 
-    It gets the prompt ids fly gets (the GGUF's vocabulary is the target's), reads the whole prompt each run,
+    It gets the prompt ids fly gets (the GGUF's vocabulary is the target's), reads the whole prompt each run
+    (its own prefix reuse is reset, as fly's cache is cleared),
     and stops at the same end-of-sequence ids and token budget, so its rows compare with ``ar``'s.
     """
 
@@ -111,6 +113,9 @@ class LlamaCpp:
 
             grammar = LlamaGrammar.from_json_schema(json_schema, verbose=False)
         new: list[int] = []
+        # llama-cpp-python keeps the previous prompt's cache and reads only past the common prefix; fly's modes
+        # start from an empty cache in the bench, so the peer does too
+        self.llm.reset()
         start = time.perf_counter()
         for token in self.llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, reset=True,
                                        grammar=grammar):
@@ -155,13 +160,18 @@ def run_benchmark(
     settings: dict | None = None,
     llama: LlamaCpp | None = None,
     engines: dict[str, FlyEngine] | None = None,
+    run_task: Callable[[ModeSpec, Task], dict] | None = None,
 ) -> dict:
-    """Run every mode on every task, interleaved; ``engines`` serve modes that name a precision."""
+    """Run every mode on every task, interleaved; ``engines`` serve modes that name a precision. ``run_task``
+    runs a suite whose turns go through an integration (``tools``: LangChain's ``bind_tools``), returning the
+    row's stats, ``text`` and what its scorer reads."""
     out_dir.mkdir(parents=True, exist_ok=True)
     scorer = SCORERS.get(suite)
     encode = lambda task: encode_chat(engine.tokenizer, task.messages)  # noqa: E731
 
     def run(spec: ModeSpec, ids: list[int], task: Task) -> dict:
+        if run_task is not None:
+            return run_task(spec, task)
         if spec.mode == HF_ASSISTED:
             assert hf is not None
             return hf.generate(ids, base.max_new_tokens, set(engine.eos_token_ids), engine.tokenizer)
@@ -179,7 +189,10 @@ def run_benchmark(
 
     warmup = encode(tasks[0])
     for spec in modes:  # loads lazily-initialised kernels and caches; not counted
-        run(spec, warmup[: min(len(warmup), 64)], tasks[0])
+        if run_task is None:
+            run(spec, warmup[: min(len(warmup), 64)], tasks[0])
+        else:
+            run_task(spec, tasks[-1])
 
     rows = []
     with open(out_dir / "results.jsonl", "w") as log, \
@@ -190,7 +203,7 @@ def run_benchmark(
                 row = {"task_id": task.task_id, "category": task.category, "mode": spec.label, **run(spec, ids, task)}
                 row["tokens_per_second"] = row["new_tokens"] / row["seconds"] if row["seconds"] else 0.0
                 if scorer:
-                    row["correct"] = scorer(task, row["text"])
+                    row["correct"] = scorer(task, row)
                 rows.append(row)
                 log.write(json.dumps(row) + "\n")
                 log.flush()
@@ -209,12 +222,17 @@ def _mean_ratio(rows: list[dict], baseline: dict[str, float]) -> float | None:
 
 
 def _aggregate(rows: list[dict], ar_by_task: dict[str, float], scored: bool,
-               best_plain: dict[str, float] | None = None) -> dict:
+               best_plain: dict[str, float] | None = None, best_wall: dict[str, float] | None = None) -> dict:
     tokens = sum(r["new_tokens"] for r in rows)
     seconds = sum(r["seconds"] for r in rows)
     forwards = [r.get("target_forwards") for r in rows]
+    walls = [best_wall[r["task_id"]] / r["seconds"] for r in rows if (best_wall or {}).get(r["task_id"]) and r["seconds"]]
     out = {
         "tokens_per_second": tokens / seconds if seconds else 0.0,
+        "seconds": seconds,
+        # the best plain decoding's wall time over this mode's, per prompt: what a caller waits, whatever the
+        # reply's length (a tool call written in fewer tokens is not slower)
+        "wall_speedup_vs_best_plain": statistics.mean(walls) if walls else None,
         "speedup_vs_ar": _mean_ratio(rows, ar_by_task),
         "speedup_vs_best_plain": _mean_ratio(rows, best_plain or {}),
         "mean_accepted": sum(r["new_tokens"] for r in rows) / sum(forwards) if all(forwards) else None,
@@ -228,10 +246,12 @@ def summarise(rows: list[dict], modes: list[ModeSpec], suite: str, base: Generat
     scored = suite in SCORERS
     ar_by_task = {r["task_id"]: r["tokens_per_second"] for r in rows if r["mode"] == "ar"}
     best_plain: dict[str, float] = {}  # per prompt, the fastest plain decoding: fly's ar at any precision, llama.cpp
+    best_wall: dict[str, float] = {}  # and its shortest wall time
     plain = {m.label for m in modes if m.plain}
     for r in rows:
         if r["mode"] in plain:
             best_plain[r["task_id"]] = max(best_plain.get(r["task_id"], 0.0), r["tokens_per_second"])
+            best_wall[r["task_id"]] = min(best_wall.get(r["task_id"], float("inf")), r["seconds"])
     categories = sorted({r["category"] for r in rows})
     summary = {
         "suite": suite,
@@ -240,10 +260,11 @@ def summarise(rows: list[dict], modes: list[ModeSpec], suite: str, base: Generat
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d")},
         "settings": settings,
-        "overall": {m.label: _aggregate([r for r in rows if r["mode"] == m.label], ar_by_task, scored, best_plain)
-                    for m in modes},
+        "overall": {m.label: _aggregate([r for r in rows if r["mode"] == m.label], ar_by_task, scored, best_plain,
+                                        best_wall) for m in modes},
         "categories": {c: {m.label: _aggregate([r for r in rows if r["mode"] == m.label and r["category"] == c],
-                                               ar_by_task, scored, best_plain) for m in modes} for c in categories},
+                                               ar_by_task, scored, best_plain, best_wall) for m in modes}
+                       for c in categories},
     }
     if scored and "ar" in summary["overall"] and "fly" in summary["overall"]:
         ar_acc = summary["overall"]["ar"]["accuracy"]
@@ -258,9 +279,10 @@ def _fmt(value: float | None, pattern: str) -> str:
 def render_markdown(summary: dict) -> str:
     modes = list(summary["overall"])
     scored = any("accuracy" in v for v in summary["overall"].values())
-    head = "| category | " + " | ".join(f"{m} tok/s | {m} vs ar | {m} vs best plain | {m} τ"
+    head = "| category | " + " | ".join(f"{m} tok/s | {m} wall s | {m} vs ar | {m} vs best plain | "
+                                        f"{m} wall vs best plain | {m} τ"
                                         + (f" | {m} acc" if scored else "") for m in modes) + " |"
-    cells_per_mode = 5 if scored else 4
+    cells_per_mode = 7 if scored else 6
     lines = [f"# fly bench: {summary['suite']}", "",
              f"{summary['n_prompts']} prompts, {summary['max_new_tokens']} new tokens max, "
              f"{summary['machine']['cpus']} CPUs, {summary['machine']['date']}.", "",
@@ -270,8 +292,9 @@ def render_markdown(summary: dict) -> str:
         cells = []
         for m in modes:
             s = stats[m]
-            cells += [_fmt(s["tokens_per_second"], "{:.2f}"), _fmt(s["speedup_vs_ar"], "{:.2f}x"),
-                      _fmt(s["speedup_vs_best_plain"], "{:.2f}x"), _fmt(s["mean_accepted"], "{:.2f}")]
+            cells += [_fmt(s["tokens_per_second"], "{:.2f}"), _fmt(s.get("seconds"), "{:.1f}"),
+                      _fmt(s["speedup_vs_ar"], "{:.2f}x"), _fmt(s["speedup_vs_best_plain"], "{:.2f}x"),
+                      _fmt(s.get("wall_speedup_vs_best_plain"), "{:.2f}x"), _fmt(s["mean_accepted"], "{:.2f}")]
             if scored:
                 cells.append(_fmt(s.get("accuracy"), "{:.1%}"))
         return f"| {name} | " + " | ".join(cells) + " |"

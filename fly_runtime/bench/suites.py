@@ -13,8 +13,9 @@ from pathlib import Path
 from fly_runtime.bench.sandbox import run_python
 
 # the users' workloads beside Spec-Bench: answers that copy retrieved text (rag: Spec-Bench's rag and
-# summarization prompts) and JSON-schema extraction (json)
-SUITES = ("spec-bench", "rag", "json", "gsm8k", "humaneval")
+# summarization prompts), function-calling turns (tools: BFCL simple_python and parallel) and JSON-schema
+# extraction (json)
+SUITES = ("spec-bench", "rag", "tools", "json", "gsm8k", "humaneval")
 
 
 @dataclass
@@ -43,7 +44,8 @@ def load_tasks(suite: str, data_dir: Path, limit: int | None = None, per_categor
     """The suite's prompts: the first ``per_category`` of each category (if given), then ``limit`` of them
     after the first ``skip`` (a long accuracy run split into shards: ``skip=40, limit=40`` is prompts 41-80)."""
     loaders: dict[str, Callable[[Path], list[Task]]] = {
-        "spec-bench": _spec_bench, "rag": _rag, "json": _json, "gsm8k": _gsm8k, "humaneval": _humaneval,
+        "spec-bench": _spec_bench, "rag": _rag, "tools": _tools, "json": _json, "gsm8k": _gsm8k,
+        "humaneval": _humaneval,
     }
     if suite not in loaders:
         raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
@@ -84,6 +86,16 @@ def _json(data_dir: Path) -> list[Task]:
                  [{"role": "system", "content": "Extract the requested fields from the user's text as JSON."},
                   {"role": "user", "content": text}], {"schema": schema, "expected": expected})
             for name, text, schema, expected in EXTRACTIONS]
+
+
+def _tools(data_dir: Path) -> list[Task]:
+    """BFCL turns (``reference["tools"]`` bound, ``reference["expected"]`` the possible answers); the data comes
+    from the bfcl-eval wheel (``fly_runtime.bench.bfcl``), not from ``data_dir``."""
+    from fly_runtime.bench.bfcl import load_bfcl
+    from fly_runtime.sources.cache import cache_dir
+
+    return [Task(f"tools/{turn_id}", category, messages, {"tools": tools, "expected": expected})
+            for turn_id, category, messages, tools, expected in load_bfcl(cache_dir() / "bench")]
 
 
 GSM8K_INSTRUCTION = "Solve the problem step by step. End with a line 'The answer is N.' where N is a number."
@@ -157,5 +169,16 @@ def score_json(task: Task, text: str) -> bool:
     return score_extraction(text, task.reference["schema"], task.reference["expected"])
 
 
-SCORERS: dict[str, Callable[[Task, str], bool]] = {"gsm8k": score_gsm8k, "humaneval": score_humaneval,
-                                                   "json": score_json}
+def score_tools(task: Task, calls: list[tuple[str, dict]]) -> bool:
+    from fly_runtime.bench.bfcl import score_calls
+
+    return score_calls(calls, task.reference["expected"])
+
+
+# each scores a result row: its text, or (tools) the calls parsed from it
+SCORERS: dict[str, Callable[[Task, dict], bool]] = {
+    "gsm8k": lambda task, row: score_gsm8k(task, row["text"]),
+    "humaneval": lambda task, row: score_humaneval(task, row["text"]),
+    "json": lambda task, row: score_json(task, row["text"]),
+    "tools": lambda task, row: score_tools(task, [(c["name"], c["arguments"]) for c in row["tool_calls"]]),
+}

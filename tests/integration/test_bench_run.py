@@ -26,8 +26,10 @@ def test_bench_run_writes_results_summary_and_plot(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["suite"] == "gsm8k" and summary["n_prompts"] == 2 and summary["max_new_tokens"] == 24
     for mode in ("ar", "exact", "fly", PEER):
-        assert set(summary["overall"][mode]) == {"tokens_per_second", "speedup_vs_ar", "speedup_vs_best_plain",
+        assert set(summary["overall"][mode]) == {"tokens_per_second", "seconds", "speedup_vs_ar",
+                                                 "speedup_vs_best_plain", "wall_speedup_vs_best_plain",
                                                  "mean_accepted", "accuracy"}
+        assert summary["overall"][mode]["seconds"] == pytest.approx(sum(r["seconds"] for r in rows if r["mode"] == mode))
     assert summary["overall"]["ar"]["speedup_vs_ar"] == pytest.approx(1.0)
     # per prompt the best plain mode is the faster of the two plain ones: neither beats it
     plain = {m: [r["tokens_per_second"] for r in rows if r["mode"] == m] for m in ("ar", PEER)}
@@ -39,3 +41,41 @@ def test_bench_run_writes_results_summary_and_plot(tmp_path):
     assert "fly_retention" in summary and "math" in summary["categories"]
     assert (out / "speed.png").stat().st_size > 10_000
     assert "| **overall** |" in (out / "summary.md").read_text()
+
+
+def test_bench_tools_suite_runs_bfcl_turns_through_bind_tools(tmp_path):
+    """BFCL turns through FlyChatModel.bind_tools (and llama.cpp on the same rendered prompt), scored by their calls."""
+    out = tmp_path / "tools"
+    proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "bench", "--suite", "tools", "--limit", "2",
+                           "--max-new-tokens", "64", "--modes", f"ar,fly,{PEER}", "--out", str(out)],
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["mode"] for r in rows] == ["ar", "fly", PEER] * 2
+    assert all(r["task_id"].startswith("tools/simple_python_") for r in rows)
+    for row in rows:
+        assert row["prompt_tokens"] > 100  # the tool's schema is rendered into the prompt
+        assert isinstance(row["tool_calls"], list) and isinstance(row["correct"], bool)
+    # the first turn (a triangle's area from its base and height) is one the model answers with the right call
+    first = [r for r in rows if r["task_id"] == "tools/simple_python_0"]
+    assert all(r["correct"] for r in first), [r["tool_calls"] for r in first]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["suite"] == "tools" and summary["overall"]["fly"]["wall_speedup_vs_best_plain"] > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs the llama-cpp extra")
+def test_llama_cpp_peer_reads_the_whole_prompt_every_run(engine):
+    """llama-cpp-python reuses the previous prompt's cache by itself; the bench's modes all start empty."""
+    from fly_runtime.bench.runner import LlamaCpp
+    from fly_runtime.loader import DEFAULT_TARGET
+    from fly_runtime.sources import resolve_model
+
+    peer = LlamaCpp(resolve_model(DEFAULT_TARGET).gguf, context=512)
+    fed: list[int] = []
+    evaluate = peer.llm.eval
+    peer.llm.eval = lambda tokens: (fed.append(len(tokens)), evaluate(tokens))[1]
+    prompt = engine.tokenizer.encode("The quick brown fox jumps over the lazy dog.")
+    for _ in range(2):
+        fed.clear()
+        peer.generate(prompt, 2, set(engine.eos_token_ids), engine.tokenizer)
+        assert fed[0] == len(prompt)
