@@ -10,11 +10,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from jinja2 import TemplateError
+
 from fly_runtime.chat import chat_encoder
 from fly_runtime.errors import InvalidPromptError
 from fly_integrations.tool_calls import HERMES, ToolFormat, tool_format
 
 ROLES = ("system", "user", "assistant", "tool")
+
+
+class TemplateRefused(InvalidPromptError):
+    """The chat template raised on the messages (its own rules, such as the order of roles)."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +84,11 @@ def render_prompt(
         if json_schema:
             instruction += " It must follow this JSON schema:\n" + json.dumps(json_schema, ensure_ascii=False)
         messages = _with_system_instruction(messages, instruction)  # the engine's grammar enforces it
-    return Prompt(chat_encoder(tokenizer).encode(messages, tools, suffix=prefill), prefill, stop)
+    try:
+        ids = chat_encoder(tokenizer).encode(messages, tools, suffix=prefill)
+    except TemplateError as exc:  # the template's own rule (e.g. a role order it does not take): the caller's input
+        raise TemplateRefused(f"the model's chat template refused these messages: {exc}") from None
+    return Prompt(ids, prefill, stop)
 
 
 def _with_system_instruction(messages: list[dict], instruction: str) -> list[dict]:

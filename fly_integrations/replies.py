@@ -16,9 +16,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from jinja2 import TemplateError
-
-from fly_integrations.prompting import render_prompt
+from fly_integrations.prompting import TemplateRefused, render_prompt
 from fly_integrations.tool_calls import HERMES, InvalidToolCall, ReplySplitter, ToolCall, tool_format
 from fly_integrations.tools import closed_schema, conform_arguments
 from fly_runtime import FlyEngine, GenerationConfig, GenerationResult
@@ -77,7 +75,7 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
     for messages, choice in _attempts(request):
         try:
             prompt = render_prompt(request.engine.tokenizer, messages, request.tools, choice, request.json_schema)
-        except TemplateError:
+        except TemplateRefused:
             if messages is request.messages:  # only the steering instruction is ours to drop
                 raise
             continue  # the template takes no system message after the first

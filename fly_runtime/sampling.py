@@ -16,13 +16,18 @@ class Sampler:
     top_p: float = 1.0
     generator: torch.Generator | None = None
 
+    MIN_TEMPERATURE = 1e-5
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution the sampler draws from, row-wise over ``logits`` ([..., V])."""
-        scaled = logits.float() / self.temperature
+        logits = logits.float()
+        # shifted so the top logit is 0, and divided by no less than MIN_TEMPERATURE (a float32 can hold its
+        # inverse): a tiny temperature is near-greedy instead of turning every logit into +-inf or NaN
+        scaled = (logits - logits.amax(dim=-1, keepdim=True)) / max(self.temperature, self.MIN_TEMPERATURE)
         if self.top_k > 0 and self.top_k < scaled.shape[-1]:
             kth = scaled.topk(self.top_k, dim=-1).values[..., -1:]
             scaled = scaled.masked_fill(scaled < kth, float("-inf"))
@@ -31,6 +36,7 @@ class Sampler:
             cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
             # drop a token once the mass before it already reaches top_p (the first token always stays)
             drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= self.top_p
+            drop_sorted[..., 0] = False  # even where top_p rounds to 0 in float32
             drop = drop_sorted.scatter(-1, order, drop_sorted)
             scaled = scaled.masked_fill(drop, float("-inf"))
         return scaled.softmax(dim=-1)

@@ -16,15 +16,16 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from fly_integrations.params import FlyParams
 from fly_integrations.prompting import check_messages
-from fly_integrations.replies import Reply, ReplyRequest, stream_reply
-from fly_integrations.server import protocol
+from fly_integrations.replies import ReplyRequest, stream_reply
+from fly_integrations.server import protocol, schema
 from fly_integrations.server.admission import Admission, QueueFull, QueueTimeout
 from fly_integrations.streaming import aiter_in_thread
 from fly_runtime.errors import EngineBusyError, FlyError
@@ -44,183 +45,224 @@ class _ApiError(Exception):
         self.status, self.kind, self.headers = status, kind, headers
 
 
+@dataclasses.dataclass
+class _State:
+    """What the handlers share: the settings, the engine and the queue in front of it."""
+
+    params: FlyParams
+    settings: ServerSettings
+    engine: Any
+    admission: Admission
+    bodies: schema.BodyCheck | None = None  # the document's request rules, checked on every request
+
+    @property
+    def model_id(self) -> str:
+        return self.params.target
+
+
+router = APIRouter()
+
+
 def create_app(params: FlyParams, settings: ServerSettings) -> FastAPI:
     """The app for one model pair (loaded here, before the first request)."""
-    engine = params.engine()
-    admission = Admission(settings.queue_depth)
-    app = FastAPI(title="fly", version="1")
+    app = FastAPI(title="fly", version="1", description=_DESCRIPTION)
+    app.state.fly = _State(params, settings, params.engine(), Admission(settings.queue_depth))
     app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
-    model_id = params.target
+    app.add_exception_handler(_ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _bad_body)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal)
+    app.include_router(router)
+    app.openapi = lambda: _openapi(app)
+    app.state.fly.bodies = schema.BodyCheck(app.openapi())
+    return app
 
-    @app.exception_handler(_ApiError)
-    async def api_error(_: Request, exc: _ApiError) -> JSONResponse:
-        return JSONResponse(protocol.error_body(str(exc), exc.kind), exc.status, headers=exc.headers)
 
-    @app.exception_handler(RequestValidationError)
-    async def bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = f"invalid request: {first.get('msg', 'malformed body')}" + (f" at {where}" if where else "")
-        return JSONResponse(protocol.error_body(message, "invalid_request_error", param=where or None), 400)
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, less the 422 it adds to every route with a body: a malformed body is answered 400."""
+    if app.openapi_schema is None:
+        document = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        for operation in (op for path in document["paths"].values() for op in path.values()):
+            operation["responses"].pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            document.get("components", {}).get("schemas", {}).pop(name, None)
+        state = app.state.fly
+        schema.limit_max_tokens(document, min(state.params.context_window or state.engine.max_context,
+                                              state.engine.max_context))
+        app.openapi_schema = document
+    return app.openapi_schema
 
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse(protocol.error_body(str(exc.detail), "invalid_request_error"), exc.status_code)
 
-    @app.exception_handler(Exception)
-    async def internal(_: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse(protocol.error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), 500)
+_DESCRIPTION = ("An OpenAI-compatible endpoint over fly's engine. Requests take the OpenAI fields and fly's own "
+                "settings (mode, k, window, ...) as extra fields; errors are OpenAI-shaped.")
 
-    def authorize(request: Request) -> None:
-        if settings.api_key is None:
-            return
+
+# ------------------------------------------------------------------------------------------------ errors
+async def _api_error(_: Request, exc: _ApiError) -> JSONResponse:
+    return JSONResponse(protocol.error_body(str(exc), exc.kind), exc.status, headers=exc.headers)
+
+
+async def _bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0] if exc.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    message = f"invalid request: {first.get('msg', 'malformed body')}" + (f" at {where}" if where else "")
+    if not where and "json" not in request.headers.get("content-type", ""):
+        message = "the body must be a JSON object sent with 'Content-Type: application/json'"
+    return JSONResponse(protocol.error_body(message, "invalid_request_error", param=where or None), 400)
+
+
+async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    # 405 carries its Allow header, as HTTP requires
+    return JSONResponse(protocol.error_body(str(exc.detail), "invalid_request_error"), exc.status_code,
+                        headers=getattr(exc, "headers", None))
+
+
+async def _internal(_: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse(protocol.error_body(f"internal error: {type(exc).__name__}: {exc}", "server_error"), 500)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _state(request: Request) -> _State:
+    return request.app.state.fly
+
+
+def _authorize(request: Request) -> _State:
+    state = _state(request)
+    if state.settings.api_key is not None:
         given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {settings.api_key}".encode()):
+        if not hmac.compare_digest(given.encode(), f"Bearer {state.settings.api_key}".encode()):
             raise _ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
                             "authentication_error")
+    return state
 
-    def timeout_of(asked: float | None) -> float | None:
-        limits = [t for t in (asked, settings.request_timeout) if t is not None]
-        if asked is not None and asked <= 0:
-            raise _ApiError(400, f"timeout must be > 0 seconds, got {asked}", "invalid_request_error")
-        return min(limits) if limits else None
 
-    async def events(opened: Any, timeout: float | None) -> AsyncIterator[Any]:
-        """The items of a generation, once it is this request's turn on the engine."""
-        start = time.perf_counter()
+def _timeout(state: _State, asked: float | None) -> float | None:
+    limits = [t for t in (asked, state.settings.request_timeout) if t is not None]
+    return min(limits) if limits else None
+
+
+async def _events(state: _State, opened: Any, timeout: float | None) -> AsyncIterator[Any]:
+    """The items of a generation, once it is this request's turn on the engine."""
+    start = time.perf_counter()
+    admission = state.admission
+    try:
+        async with admission.turn(timeout):
+            left = None if timeout is None else max(0.001, timeout - (time.perf_counter() - start))
+            async for item in aiter_in_thread(lambda: opened(left)):
+                yield item
+    except QueueFull as exc:
+        raise _ApiError(429, f"the server is busy ({admission.waiting} requests waiting): retry later",
+                        "rate_limit_error", {"Retry-After": str(exc.retry_after)}) from None
+    except QueueTimeout as exc:
+        raise _ApiError(503, "the request timed out waiting for the model: retry later or raise its timeout",
+                        "server_error", {"Retry-After": str(exc.retry_after)}) from None
+    except EngineBusyError as exc:
+        raise _ApiError(503, str(exc), "server_error", {"Retry-After": "1"}) from None
+    except FlyError as exc:
+        raise _ApiError(400, str(exc), "invalid_request_error") from None
+
+
+async def _started(items: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """``items`` with the first awaited now, so that a request that fails before any output gets its status."""
+    try:
+        first = await items.__anext__()
+    except StopAsyncIteration:
+        raise _ApiError(500, "the generation ended without output", "server_error") from None
+
+    async def chained() -> AsyncIterator[Any]:
+        yield first
+        async for item in items:
+            yield item
+
+    return chained()
+
+
+async def _last(items: AsyncIterator[Any]) -> Any:
+    last = None
+    async for last in items:
+        pass
+    return last
+
+
+def _sse(chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    async def events() -> AsyncIterator[str]:
         try:
-            async with admission.turn(timeout):
-                left = None if timeout is None else max(0.001, timeout - (time.perf_counter() - start))
-                async for item in aiter_in_thread(lambda: opened(left)):
-                    yield item
-        except QueueFull as exc:
-            raise _ApiError(429, f"the server is busy ({admission.waiting} requests waiting): retry later",
-                            "rate_limit_error", {"Retry-After": str(exc.retry_after)}) from None
-        except QueueTimeout as exc:
-            raise _ApiError(503, "the request timed out waiting for the model: retry later or raise its timeout",
-                            "server_error", {"Retry-After": str(exc.retry_after)}) from None
-        except EngineBusyError as exc:
-            raise _ApiError(503, str(exc), "server_error", {"Retry-After": "1"}) from None
-        except FlyError as exc:
-            raise _ApiError(400, str(exc), "invalid_request_error") from None
+            async for chunk in chunks:
+                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+        except _ApiError as exc:  # after the first byte the status is sent: the error is the last event
+            yield f"data: {json.dumps(protocol.error_body(str(exc), exc.kind))}\n\n"
+        yield "data: [DONE]\n\n"
 
-    async def first_and_rest(items: AsyncIterator[Any]) -> tuple[Any, AsyncIterator[Any]]:
-        """Await the first item, so that a request that fails before any output gets its status code."""
-        try:
-            return await items.__anext__(), items
-        except StopAsyncIteration:
-            raise _ApiError(500, "the generation ended without output", "server_error") from None
+    return StreamingResponse(events(), media_type="text/event-stream")
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_id, "waiting": admission.waiting}
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        authorize(request)
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "fly"}]}
+def _chat_messages(state: _State, body: protocol.ChatRequest, raw: Any) -> list[dict[str, Any]]:
+    """The request's messages, checked: by fly's own rules first (their errors say the fix in fly's words), then
+    the body as sent (``raw``, before pydantic's conversions) by the document's."""
+    try:
+        messages = protocol.chat_messages(body.messages)
+        check_messages(messages)
+    except (KeyError, TypeError, AttributeError):  # a shape fly's converter does not know: the document names it
+        messages = None
+    state.bodies.check("ChatRequest", raw)
+    return messages if messages is not None else protocol.chat_messages(body.messages)
 
-    @app.post("/v1/chat/completions")
-    async def chat(body: protocol.ChatRequest, request: Request) -> Any:
-        authorize(request)
-        try:
-            overrides = protocol.overrides(body)
-            messages = protocol.chat_messages(body.messages)
-            check_messages(messages)  # settings and messages are checked before the request queues
-            reply_request = params.reply_request(
-                messages, protocol.stops(body.stop), overrides,
-                tools=body.tools, tool_choice=protocol.tool_choice(body.tool_choice),
-                json_schema=protocol.json_schema(body.response_format))
-        except FlyError as exc:
-            raise _ApiError(400, str(exc), "invalid_request_error") from None
-        mode = overrides.get("mode", params.mode)
 
-        def opened(left: float | None):
-            return stream_reply(_with_timeout(reply_request, left))
+# ------------------------------------------------------------------------------------------------ routes
+@router.get("/health", response_model=schema.Health)
+async def health(request: Request) -> dict[str, Any]:
+    state = _state(request)
+    return {"status": "ok", "model": state.model_id, "waiting": state.admission.waiting}
 
-        first, rest = await first_and_rest(events(opened, timeout_of(body.timeout)))
-        ident, created = protocol.completion_id("chatcmpl"), protocol.now()
-        if not body.stream:
-            items = [first] + [item async for item in rest]
-            done = items[-1]
-            assert isinstance(done, Reply)
-            message: dict[str, Any] = {"role": "assistant", "content": done.content or None}
-            if done.tool_calls:
-                message["tool_calls"] = protocol.tool_calls(done)
-            return {"id": ident, "object": "chat.completion", "created": created, "model": model_id,
-                    "choices": [{"index": 0, "message": message, "finish_reason": protocol.finish_reason(done)}],
-                    "usage": protocol.usage(done.result.stats), "fly": protocol.fly_stats(done.result, mode)}
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-            return _sse({"id": ident, "object": "chat.completion.chunk", "created": created, "model": model_id,
-                         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+@router.get("/v1/models", response_model=schema.ModelList, responses=schema.ERRORS)
+async def models(request: Request) -> dict[str, Any]:
+    state = _authorize(request)
+    return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0, "owned_by": "fly"}]}
 
-        async def body_stream() -> AsyncIterator[str]:
-            yield chunk({"role": "assistant", "content": ""})
-            try:
-                async for item in _chain(first, rest):
-                    if isinstance(item, str):
-                        yield chunk({"content": item})
-                        continue
-                    calls = [dict(call, index=i) for i, call in enumerate(protocol.tool_calls(item))]
-                    yield chunk({"tool_calls": calls} if calls else {}, protocol.finish_reason(item))
-                    yield _sse({"id": ident, "object": "chat.completion.chunk", "created": created,
-                                "model": model_id, "choices": [], "usage": protocol.usage(item.result.stats),
-                                "fly": protocol.fly_stats(item.result, mode)})
-            except _ApiError as exc:  # after the first byte the status is sent: the error is the last event
-                yield _sse(protocol.error_body(str(exc), exc.kind))
-            yield "data: [DONE]\n\n"
 
-        return StreamingResponse(body_stream(), media_type="text/event-stream")
+@router.post("/v1/chat/completions", response_model=schema.ChatCompletion,
+             responses={**schema.STREAMED, **schema.ERRORS})
+async def chat(body: protocol.ChatRequest, request: Request) -> Any:
+    state = _authorize(request)
+    try:
+        overrides = protocol.overrides(body)  # fly's own rules first: their errors say the fix in fly's words
+        messages = _chat_messages(state, body, await request.json())  # checked before the request queues
+        reply_request = state.params.reply_request(
+            messages, protocol.stops(body.stop), overrides,
+            tools=body.tools, tool_choice=protocol.tool_choice(body.tool_choice),
+            json_schema=protocol.json_schema(body.response_format))
+    except FlyError as exc:
+        raise _ApiError(400, str(exc), "invalid_request_error") from None
+    items = await _started(_events(state, lambda left: stream_reply(_with_timeout(reply_request, left)),
+                                   _timeout(state, body.timeout)))
+    head = protocol.Head.new("chatcmpl", state.model_id, overrides.get("mode", state.params.mode))
+    if body.stream:
+        return _sse(protocol.chat_chunks(head, items))
+    return protocol.chat_completion(head, await _last(items))
 
-    @app.post("/v1/completions")
-    async def completions(body: protocol.CompletionRequest, request: Request) -> Any:
-        authorize(request)
-        prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
-        try:
-            if len(prompts) != 1 or not prompts[0]:
-                raise _ApiError(400, "prompt must be one non-empty string", "invalid_request_error")
-            overrides = protocol.overrides(body)
-            config = params.generation_config(protocol.stops(body.stop) or params.stop, **overrides)
-        except FlyError as exc:
-            raise _ApiError(400, str(exc), "invalid_request_error") from None
-        # the prompt is the caller's whole text, read as written: control tokens in it are meant
-        ids = engine.tokenizer.encode(prompts[0], add_special_tokens=True)
-        mode = overrides.get("mode", params.mode)
 
-        def opened(left: float | None):
-            return _completion_items(engine, ids, dataclasses.replace(config, timeout=left or config.timeout))
-
-        first, rest = await first_and_rest(events(opened, timeout_of(body.timeout)))
-        ident, created = protocol.completion_id("cmpl"), protocol.now()
-        if not body.stream:
-            items = [first] + [item async for item in rest]
-            result = items[-1]
-            return {"id": ident, "object": "text_completion", "created": created, "model": model_id,
-                    "choices": [{"index": 0, "text": result.text, "logprobs": None,
-                                 "finish_reason": "length" if result.finish_reason != "stop" else "stop"}],
-                    "usage": protocol.usage(result.stats), "fly": protocol.fly_stats(result, mode)}
-
-        async def body_stream() -> AsyncIterator[str]:
-            try:
-                async for item in _chain(first, rest):
-                    if isinstance(item, str):
-                        piece = {"index": 0, "text": item, "logprobs": None, "finish_reason": None}
-                        yield _sse({"id": ident, "object": "text_completion", "created": created,
-                                    "model": model_id, "choices": [piece]})
-                        continue
-                    last = {"index": 0, "text": "", "logprobs": None,
-                            "finish_reason": "length" if item.finish_reason != "stop" else "stop"}
-                    yield _sse({"id": ident, "object": "text_completion", "created": created, "model": model_id,
-                                "choices": [last], "usage": protocol.usage(item.stats),
-                                "fly": protocol.fly_stats(item, mode)})
-            except _ApiError as exc:
-                yield _sse(protocol.error_body(str(exc), exc.kind))
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(body_stream(), media_type="text/event-stream")
-
-    return app
+@router.post("/v1/completions", response_model=schema.Completion, responses={**schema.STREAMED, **schema.ERRORS})
+async def completions(body: protocol.CompletionRequest, request: Request) -> Any:
+    state = _authorize(request)
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    try:
+        if len(prompts) != 1 or not prompts[0]:
+            raise _ApiError(400, "prompt must be one non-empty string", "invalid_request_error")
+        overrides = protocol.overrides(body)
+        state.bodies.check("CompletionRequest", await request.json())
+        config = state.params.generation_config(protocol.stops(body.stop) or state.params.stop, **overrides)
+    except FlyError as exc:
+        raise _ApiError(400, str(exc), "invalid_request_error") from None
+    # the prompt is the caller's whole text, read as written: control tokens in it are meant
+    ids = state.engine.tokenizer.encode(prompts[0], add_special_tokens=True)
+    opened = lambda left: _completion_items(state.engine, ids, dataclasses.replace(  # noqa: E731
+        config, timeout=left or config.timeout))
+    items = await _started(_events(state, opened, _timeout(state, body.timeout)))
+    head = protocol.Head.new("cmpl", state.model_id, overrides.get("mode", state.params.mode))
+    if body.stream:
+        return _sse(protocol.completion_chunks(head, items))
+    return protocol.text_completion(head, await _last(items))
 
 
 def _with_timeout(request: ReplyRequest, seconds: float | None) -> ReplyRequest:
@@ -236,16 +278,6 @@ def _completion_items(engine, ids: list[int], config):
     with engine.stream(ids, config) as stream:
         yield from stream
     yield stream.result
-
-
-async def _chain(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    yield first
-    async for item in rest:
-        yield item
-
-
-def _sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
 class _BodyLimit:

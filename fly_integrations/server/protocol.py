@@ -5,74 +5,77 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, Literal
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from fly_integrations.params import OVERRIDABLE
 from fly_integrations.replies import Reply
+from fly_integrations.server import schema
 from fly_runtime.errors import InvalidPromptError
 
 
 class ChatRequest(BaseModel):
-    # fly's own settings ride as extra fields (mode, k, window, ...), as vLLM takes its extra sampling parameters
-    model_config = ConfigDict(extra="allow")
+    # fly's own settings ride as extra fields (mode, k, window, ...), as vLLM takes its extra sampling parameters;
+    # they are checked by fly (its messages), and the document lists them (schema.request_schema)
+    model_config = ConfigDict(extra="allow", json_schema_extra=schema.request_schema)
 
-    messages: list[dict[str, Any]]
+    messages: Annotated[list[dict[str, Any]], WithJsonSchema(schema.MESSAGES)]
     model: str | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
-    n: int = 1
-    timeout: float | None = None  # fly: seconds this request may wait and run
+    max_tokens: Annotated[int | None, Field(ge=1)] = None
+    max_completion_tokens: Annotated[int | None, Field(ge=1)] = None
+    temperature: Annotated[float | None, Field(ge=0, le=2)] = None
+    top_p: Annotated[float | None, Field(gt=0, le=1)] = None
+    seed: Annotated[int | None, Field(ge=0, le=2**53 - 1)] = None
+    stop: Annotated[str | list[str] | None, WithJsonSchema(schema.STOP)] = None
+    tools: Annotated[list[dict[str, Any]] | None, WithJsonSchema(schema.TOOLS)] = None
+    tool_choice: Annotated[str | dict[str, Any] | None, WithJsonSchema(schema.TOOL_CHOICE)] = None
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema(schema.RESPONSE_FORMAT)] = None
+    n: Annotated[int, Field(ge=1, le=1)] = 1
+    timeout: Annotated[float | None, Field(gt=0)] = None  # fly: seconds this request may wait and run
 
 
 class CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=schema.request_schema)
 
-    prompt: str | list[str]
+    prompt: Annotated[str | list[str], WithJsonSchema({"anyOf": [
+        {"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "maxItems": 1,
+                                             "items": {"type": "string", "minLength": 1}}]})]
     model: str | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
-    max_tokens: int | None = 16
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int = 1
-    timeout: float | None = None
+    max_tokens: Annotated[int | None, Field(ge=1)] = 16
+    temperature: Annotated[float | None, Field(ge=0, le=2)] = None
+    top_p: Annotated[float | None, Field(gt=0, le=1)] = None
+    seed: Annotated[int | None, Field(ge=0, le=2**53 - 1)] = None
+    stop: Annotated[str | list[str] | None, WithJsonSchema(schema.STOP)] = None
+    n: Annotated[int, Field(ge=1, le=1)] = 1
+    timeout: Annotated[float | None, Field(gt=0)] = None
 
 
 def overrides(request: ChatRequest | CompletionRequest) -> dict[str, Any]:
     """The request's settings for fly: the OpenAI sampling fields and fly's extra fields (unknown extras are
     an error naming the known ones, not silently dropped)."""
     extra = dict(request.model_extra or {})
-    unknown = sorted(set(extra) - set(OVERRIDABLE) - _IGNORED)
+    unknown = sorted(set(extra) - set(OVERRIDABLE) - set(schema.IGNORED) - set(schema.UNSUPPORTED))
+    if extra.get("logprobs") or extra.get("top_logprobs"):
+        raise InvalidPromptError("logprobs / top_logprobs are not returned by fly: leave them out (or false / 0)")
     if unknown:
         raise InvalidPromptError(f"unknown request field(s) {unknown}: fly takes the OpenAI fields and its own "
                                  f"settings {sorted(set(OVERRIDABLE) - {'max_tokens'})}")
     if request.n != 1:
         raise InvalidPromptError(f"n must be 1 (fly generates one choice per request), got {request.n}")
-    values = {k: v for k, v in extra.items() if k in OVERRIDABLE}
+    values = {k: schema.as_json_type(k, v) for k, v in extra.items() if k in OVERRIDABLE}
     budget = getattr(request, "max_completion_tokens", None) or request.max_tokens
     for name, value in (("max_tokens", budget), ("temperature", request.temperature), ("top_p", request.top_p),
                         ("seed", request.seed)):
         if value is not None:
             values[name] = value
     return values
-
-
-# OpenAI fields fly accepts and has no use for
-_IGNORED = {"user", "logit_bias", "frequency_penalty", "presence_penalty", "parallel_tool_calls", "store",
-            "metadata", "service_tier", "logprobs", "top_logprobs"}
 
 
 def stops(stop: str | list[str] | None) -> list[str] | None:
@@ -89,10 +92,10 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         converted["content"] = _text(message.get("content"), i)
         if message.get("role") == "developer":
             converted["role"] = "system"
-        if message.get("tool_calls"):
+        if message.get("role") == "assistant" and message.get("tool_calls"):  # only the assistant calls tools
             converted["tool_calls"] = [
                 {"type": "function", "id": call.get("id"),
-                 "function": {"name": call["function"]["name"], "arguments": _arguments(call["function"], i)}}
+                 "function": {"name": call["function"]["name"], "arguments": _arguments(call["function"])}}
                 for call in message["tool_calls"]]
         out.append(converted)
     return out
@@ -112,15 +115,17 @@ def _text(content: Any, index: int) -> str:
     raise InvalidPromptError(f"message {index} content must be a string or a list of text parts")
 
 
-def _arguments(function: dict[str, Any], index: int) -> dict[str, Any]:
+def _arguments(function: dict[str, Any]) -> dict[str, Any] | str:
+    """A call's arguments as an object; text that is no JSON object is kept as it was written (OpenAI's API takes
+    any text there, and a model's malformed call in the history is still what it said)."""
     arguments = function.get("arguments") or "{}"
     if isinstance(arguments, dict):
         return arguments
     try:
-        return json.loads(arguments)
+        parsed = json.loads(arguments)
     except json.JSONDecodeError:
-        raise InvalidPromptError(f"message {index}: the arguments of tool call {function.get('name')!r} are not "
-                                 "a JSON object") from None
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments
 
 
 def tool_choice(choice: str | dict[str, Any] | None) -> str | None:
@@ -164,15 +169,84 @@ def fly_stats(result, mode: str) -> dict[str, Any]:
             "cached_tokens": s.cached_tokens, "tokens_per_second": s.tokens_per_second, "draft_model": result.draft_model}
 
 
-def finish_reason(reply: Reply) -> str:
-    if reply.tool_calls:
+def finish_reason(result, calls: bool = False) -> str:
+    """OpenAI's finish reason for a GenerationResult: a timeout, like the budget, cut the reply short."""
+    if calls:
         return "tool_calls"
-    return {"stop": "stop", "length": "length", "timeout": "length"}.get(reply.result.finish_reason, "stop")
+    return "stop" if result.finish_reason == "stop" else "length"
 
 
 def tool_calls(reply: Reply) -> list[dict[str, Any]]:
     return [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
             for c in reply.tool_calls]
+
+
+@dataclass(frozen=True)
+class Head:
+    """What every object of one response carries."""
+
+    object: str  # chat.completion, chat.completion.chunk or text_completion
+    model: str
+    mode: str
+    id: str = ""
+    created: int = 0
+
+    @classmethod
+    def new(cls, kind: Literal["chatcmpl", "cmpl"], model: str, mode: str) -> "Head":
+        obj = "chat.completion" if kind == "chatcmpl" else "text_completion"
+        return cls(obj, model, mode, completion_id(kind), now())
+
+    def body(self, choices: list[dict[str, Any]], obj: str | None = None, **more: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": obj or self.object, "created": self.created, "model": self.model,
+                "choices": choices, **more}
+
+    def figures(self, result) -> dict[str, Any]:
+        return {"usage": usage(result.stats), "fly": fly_stats(result, self.mode)}
+
+
+def chat_completion(head: Head, reply: Reply) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
+    if reply.tool_calls:
+        message["tool_calls"] = tool_calls(reply)
+    choice = {"index": 0, "message": message, "finish_reason": finish_reason(reply.result, bool(reply.tool_calls))}
+    return head.body([choice], **head.figures(reply.result))
+
+
+def chat_chunks(head: Head, items) -> "AsyncIterator[dict[str, Any]]":
+    """A streamed chat reply's chunks: the role, text deltas, the calls and finish reason, then usage."""
+    chunk = "chat.completion.chunk"
+
+    async def chunks():
+        yield head.body([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}], chunk)
+        async for item in items:
+            if isinstance(item, str):
+                yield head.body([{"index": 0, "delta": {"content": item}, "finish_reason": None}], chunk)
+                continue
+            calls = [dict(call, index=i) for i, call in enumerate(tool_calls(item))]
+            yield head.body([{"index": 0, "delta": {"tool_calls": calls} if calls else {},
+                              "finish_reason": finish_reason(item.result, bool(calls))}], chunk)
+            yield head.body([], chunk, **head.figures(item.result))
+
+    return chunks()
+
+
+def text_completion(head: Head, result) -> dict[str, Any]:
+    choice = {"index": 0, "text": result.text, "logprobs": None, "finish_reason": finish_reason(result)}
+    return head.body([choice], **head.figures(result))
+
+
+def completion_chunks(head: Head, items) -> "AsyncIterator[dict[str, Any]]":
+    """A streamed completion's chunks: text pieces, then the finish reason with usage."""
+
+    async def chunks():
+        async for item in items:
+            if isinstance(item, str):
+                yield head.body([{"index": 0, "text": item, "logprobs": None, "finish_reason": None}])
+            else:
+                yield head.body([{"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason(item)}],
+                                **head.figures(item))
+
+    return chunks()
 
 
 def completion_id(kind: Literal["chatcmpl", "cmpl"]) -> str:

@@ -73,19 +73,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def fly_server(tmp_path_factory):
-    """`fly serve` on the default pair in a process of its own, on a free port (or, with FLY_SERVER_URL, a
-    server already running: scripts/gpu-check.sh points the tests at vLLM)."""
-    if EXTERNAL:
-        yield {"base": EXTERNAL.removesuffix("/v1"), "url": EXTERNAL, "pid": None}
-        return
+def launch_server(args: list[str], log) -> tuple[subprocess.Popen, str]:
+    """`fly serve ARGS` with the test key on a free port, once it answers /health; its output goes to ``log``."""
     port = free_port()
-    fly = Path(sys.executable).parent / "fly"
-    log = open(tmp_path_factory.mktemp("fly-serve") / "serve.log", "w+")
-    proc = subprocess.Popen([str(fly), "serve", "--port", str(port), "--api-key", KEY, "--mode", "exact",
-                             "--queue-depth", "16", "--max-new-tokens", "48"],
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "fly"), "serve", "--port", str(port), "--api-key", KEY,
+                             *args], stdout=log, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     for _ in range(300):
         if proc.poll() is not None:
@@ -96,6 +88,18 @@ def fly_server(tmp_path_factory):
                 break
         except httpx.HTTPError:
             time.sleep(1)
+    return proc, base
+
+
+@pytest.fixture(scope="session")
+def fly_server(tmp_path_factory):
+    """`fly serve` on the default pair in a process of its own, on a free port (or, with FLY_SERVER_URL, a
+    server already running: scripts/gpu-check.sh points the tests at vLLM)."""
+    if EXTERNAL:
+        yield {"base": EXTERNAL.removesuffix("/v1"), "url": EXTERNAL, "pid": None}
+        return
+    log = open(tmp_path_factory.mktemp("fly-serve") / "serve.log", "w+")
+    proc, base = launch_server(["--mode", "exact", "--queue-depth", "16", "--max-new-tokens", "48"], log)
     yield {"base": base, "url": base + "/v1", "pid": proc.pid}
     proc.terminate()
     proc.wait(timeout=60)

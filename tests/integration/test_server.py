@@ -113,8 +113,9 @@ def test_fly_classes_with_base_url_talk_to_the_server(server):
 @pytest.mark.parametrize("body, status, says", [
     (b"{not json", 400, "JSON"),
     (b'{"messages": [{"role": "robot", "content": "hi"}]}', 400, "unknown role 'robot'"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}', 400, "max_new_tokens must be >= 1"),
-    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40000}', 400, "context window"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}', 400, "at max_tokens"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}', 400, "logprobs"),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40000}', 400, "maximum of 16384 at max_tokens"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "mode": "fly", "window": 9}', 400,
      "window (9) must be smaller than k"),
     (b'{"messages": [{"role": "user", "content": "hi"}], "turbo": true}', 400, "unknown request field"),

@@ -3,8 +3,11 @@
 import asyncio
 
 import pytest
+from fastapi.openapi.utils import get_openapi
+from pydantic import ValidationError
 
-from fly_integrations.server import protocol
+from fly_integrations.server import protocol, schema
+from fly_integrations.server.app import router
 from fly_integrations.server.admission import Admission, QueueFull, QueueTimeout
 from fly_runtime.errors import InvalidPromptError
 
@@ -21,8 +24,11 @@ def test_openai_messages_become_flys_chat_dicts():
     assert messages[2] == {"role": "tool", "content": "2", "tool_call_id": "c1"}
     with pytest.raises(InvalidPromptError, match="image_url"):
         protocol.chat_messages([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
-    with pytest.raises(InvalidPromptError, match="not a JSON object"):
-        protocol.chat_messages([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}])
+    # arguments that are no JSON object stay the text the model wrote (OpenAI's API takes any text there)
+    kept = protocol.chat_messages([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}])
+    assert kept[0]["tool_calls"][0]["function"]["arguments"] == "{"
+    # only the assistant calls tools: another role's tool_calls are not read
+    assert "tool_calls" not in protocol.chat_messages([{"role": "user", "content": "hi", "tool_calls": [[True]]}])[0]
 
 
 def test_settings_fields_and_formats_translate():
@@ -31,8 +37,11 @@ def test_settings_fields_and_formats_translate():
     assert protocol.overrides(request) == {"max_tokens": 7, "temperature": 0.5, "mode": "exact", "k": 4}
     with pytest.raises(InvalidPromptError, match="unknown request field"):
         protocol.overrides(protocol.ChatRequest(messages=[], warp=9))
-    with pytest.raises(InvalidPromptError, match="n must be 1"):
-        protocol.overrides(protocol.ChatRequest(messages=[], n=2))
+    with pytest.raises(ValidationError, match="n"):
+        protocol.ChatRequest(messages=[], n=2)
+    with pytest.raises(InvalidPromptError, match="logprobs"):
+        protocol.overrides(protocol.ChatRequest(messages=[], logprobs=True))
+    assert protocol.overrides(protocol.ChatRequest(messages=[], window=3.0))["window"] == 3  # JSON's integer
     assert protocol.tool_choice("required") == "any"
     assert protocol.tool_choice({"type": "function", "function": {"name": "f"}}) == "f"
     assert protocol.json_schema({"type": "json_object"}) == {}
@@ -73,3 +82,39 @@ def test_the_queue_serves_in_arrival_order_refuses_beyond_its_depth_and_times_ou
 
     order, refused, timed_out = asyncio.run(scenario())
     assert order == [0, 1, 2, 3] and refused and timed_out
+
+
+@pytest.fixture(scope="module")
+def document():
+    """The served document's routes and request rules, as create_app completes them (no model needed)."""
+    built = get_openapi(title="fly", version="1", routes=router.routes)
+    schema.limit_max_tokens(built, 8192)
+    return built
+
+
+def test_the_document_states_every_status_the_server_answers(document):
+    for path in ("/v1/chat/completions", "/v1/completions"):
+        responses = document["paths"][path]["post"]["responses"]
+        assert {"200", "400", "401", "413", "429", "503"} <= set(responses)
+        assert set(responses["200"]["content"]) == {"application/json", "text/event-stream"}
+        assert "Retry-After" in responses["429"]["headers"] and "Retry-After" in responses["503"]["headers"]
+    chat = document["components"]["schemas"]["ChatCompletion"]
+    assert {"id", "choices", "usage", "fly"} <= set(chat["properties"])
+
+
+def test_requests_are_checked_as_the_document_states_them(document):
+    check = schema.BodyCheck(document).check
+    ok = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "seed": 3.0, "mode": "fly", "window": 2}
+    check("ChatRequest", ok)  # 3.0 is an integer in JSON
+    for bad, says in [({"window": False}, "window"), ({"turbo": 1}, "turbo"), ({"max_tokens": 5000}, "max_tokens"),
+                      ({"messages": [{"role": "user", "content": "  "}]}, "messages"),
+                      ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0"),
+                      ({"logprobs": True}, "logprobs"), ({"context_window": 1}, "context_window")]:
+        with pytest.raises(InvalidPromptError, match=says):
+            check("ChatRequest", {**ok, **bad})
+    # an assistant turn that only calls a tool says something; tool arguments may be any text
+    check("ChatRequest", {"messages": [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "not json"}}]}]})
+    check("CompletionRequest", {"prompt": "Once upon", "max_tokens": 4})
+    with pytest.raises(InvalidPromptError, match="prompt"):
+        check("CompletionRequest", {"prompt": ""})

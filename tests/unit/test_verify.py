@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from fly_runtime.sampling import Sampler
 from fly_runtime.verify import FlyRule, kept_prefix, topk_entropy, verify_greedy, verify_sampling
 
 V = 16
@@ -278,3 +279,14 @@ def test_a_deterministic_draft_needs_no_distribution():
         v = verify_sampling(torch.stack([p, p]), None, drafts([3]), gen)
         counts[3 if v.accepted else v.next_token] += 1
     assert torch.allclose(counts / 20000, p, atol=0.015)
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1e-300, 1.0), (2.0, 5e-324), (1e-30, 1e-30)])
+def test_extreme_sampling_settings_give_a_distribution_not_nan(temperature, top_p):
+    """Settings at the edge of their ranges (a fuzzer's favourites): a tiny temperature is near-greedy and a tiny
+    top_p keeps the top token, instead of NaN probabilities that crash the draw."""
+    logits = torch.randn(2, 1000) * 5
+    probs = Sampler(temperature, 0, top_p, torch.Generator().manual_seed(0)).probs(logits)
+    assert not torch.isnan(probs).any()
+    assert torch.allclose(probs.sum(-1), torch.ones(2))
+    assert (probs.argmax(-1) == logits.argmax(-1)).all() and (probs.max(-1).values > 0.99).all()
