@@ -121,7 +121,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if any(spec.mode == HF_ASSISTED for spec in modes):
         if engine.draft_name is None:
             raise FlyError("hf-assisted needs a draft model: pass --draft")
-        hf = HfAssisted(resolve_model(settings.target).hf_dir, resolve_model(engine.draft_name).hf_dir)
+        hf = HfAssisted(resolve_model(settings.target).weights(), resolve_model(engine.draft_name).weights())
     llama = None
     if any(spec.mode == LLAMA_CPP for spec in modes):
         gguf = resolve_model(settings.target).gguf
@@ -183,8 +183,23 @@ def cmd_models(args: argparse.Namespace) -> int:
                 precision = choose_precision(model)
             line += (f", the GGUF under llama.cpp ({model.gguf})" if precision == "gguf"
                      else f", ONNX {precision} {model.build_onnx(precision)}")
+            if model.gguf is not None and not args.keep_weights:
+                _drop_weights(model)
         print(line)
     return 0
+
+
+def _drop_weights(model) -> None:
+    """After its graph is built, a GGUF model's float32 weights are the cache's largest file and nothing reads
+    them (llama.cpp and the graphs have their own): drop them; a later torch backend or graph build converts
+    them again."""
+    from fly_runtime.sources.convert import drop_weights
+
+    freed = drop_weights(model.hf_dir)
+    if freed:
+        print(f"fly: dropped {model.name}'s float32 weights ({freed / 1e9:.1f} GB; the GGUF holds them, and they are "
+              "converted again if the torch backend or a new graph needs them; --keep-weights keeps them)",
+              file=sys.stderr)
 
 
 def _fetch_plan(names: list[str], pairs: dict[str, tuple[str, str]], precision: str) -> list[tuple[str, str]]:
@@ -242,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True,
                         help="with fetch: also build ONNX Runtime graphs (a pair: its target, timed once per "
                              "machine for --precision auto, and its int4 drafter)")
+    models.add_argument("--keep-weights", action="store_true",
+                        help="with fetch: keep the float32 weights converted from a GGUF once its graph is built "
+                             "(for backend='torch'; about 4 bytes a parameter)")
     models.add_argument("--precision", choices=["auto", "fp32", "int8", "int4", "gguf"], default="auto",
                         help="with fetch --onnx: the graph precision (auto: time the candidates on this machine)")
     models.set_defaults(func=cmd_models)

@@ -88,7 +88,7 @@ def _make_backend(model: ResolvedModel, kind: str, device: str | None, precision
         raise InvalidSettingsError(f"{model.reference} is an ONNX export, which runs on ONNX Runtime only: use "
                                    "backend='onnx' (the default on CPU), or pass the model's Hugging Face folder")
     with _loading(model):
-        return TorchBackend(model.hf_dir, device=device)
+        return TorchBackend(model.weights(), device=device)
 
 
 def target_precision(settings: ModelSettings, model: ResolvedModel, tokenizer=None) -> str:

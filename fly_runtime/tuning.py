@@ -138,7 +138,7 @@ def reference(model, tokenizer) -> dict[str, np.ndarray]:
     from fly_runtime.backends.torch_backend import TorchBackend
 
     print(f"fly: computing {model.name}'s reference choices at full precision (once) ...", file=sys.stderr, flush=True)
-    backend = TorchBackend(model.hf_dir, device="cpu")
+    backend = TorchBackend(model.weights(), device="cpu")
     out = teacher_forced(lambda chunk: backend.forward(chunk), reference_text_ids(tokenizer))
     del backend
     path.parent.mkdir(parents=True, exist_ok=True)

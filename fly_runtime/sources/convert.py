@@ -28,13 +28,14 @@ def onnx_model_file(onnx_dir: Path) -> Path:
     return onnx_dir / "model.onnx"
 
 
-def gguf_to_hf(gguf_file: Path, out_dir: Path) -> Path:
+def gguf_to_hf(gguf_file: Path, out_dir: Path, weights: bool = True) -> Path:
     """Dequantise a GGUF into a float32 Hugging Face directory (weights + tokenizer + chat template).
 
     transformers reads GGUF directly but slowly; converting once makes every later load a plain safetensors
-    load.
+    load. ``weights=False``: a folder whose float32 weights were dropped (``drop_weights``) will do, for its
+    tokenizer and config; they are converted again when ``weights`` asks for them.
     """
-    if (out_dir / "config.json").is_file():
+    if (out_dir / "config.json").is_file() and (not weights or has_weights(out_dir)):
         return out_dir
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -55,6 +56,20 @@ def gguf_to_hf(gguf_file: Path, out_dir: Path) -> Path:
         tokenizer.save_pretrained(scratch)
     _say(f"converted in {time.perf_counter() - start:.0f} s")
     return out_dir
+
+
+def has_weights(hf_dir: Path) -> bool:
+    return any(hf_dir.glob("*.safetensors"))
+
+
+def drop_weights(hf_dir: Path) -> int:
+    """Delete a converted folder's float32 weights (the GGUF holds them; ``gguf_to_hf`` writes them again when a
+    graph build or the torch backend needs them); the tokenizer and config stay. Returns the bytes freed."""
+    freed = 0
+    for path in [*hf_dir.glob("*.safetensors"), *hf_dir.glob("*.safetensors.index.json")]:
+        freed += path.stat().st_size
+        path.unlink()
+    return freed
 
 
 # graph precisions: fp32 (the source weights as they are), int8 (MatMulNBits 8-bit, block 32: close to the GGUF's

@@ -35,6 +35,14 @@ class ResolvedModel:
     # runs as exported, at its own precision, on ONNX Runtime only
     exported_onnx: bool = False
 
+    def weights(self) -> Path:
+        """The Hugging Face folder with its float32 weights, converted from the GGUF again if they were dropped
+        (the folder alone holds the tokenizer and config)."""
+        if self.gguf is None:
+            return self.hf_dir
+        with model_lock(f"{self.hf_dir.name}-hf"):
+            return gguf_to_hf(self.gguf, self.hf_dir)
+
     def build_onnx(self, precision: str) -> Path:
         """Build this model's ONNX graph at ``precision`` (one of PRECISIONS) and return its folder: a minute or
         more the first time, then read from the cache (keyed by source and weights). int8 is quantised from the
@@ -49,7 +57,9 @@ class ResolvedModel:
             with model_lock(folder.name):
                 return quantize_onnx(source, folder, bits=8)
         with model_lock(folder.name):
-            return hf_to_onnx(self.hf_dir, folder, int4=precision == "int4",
+            if onnx_model_file(folder).is_file():  # built before: the weights are not needed
+                return folder
+            return hf_to_onnx(self.weights(), folder, int4=precision == "int4",
                               gguf=self.gguf if precision == "int4" else None)
 
 
@@ -74,13 +84,13 @@ def resolve_model(reference: str) -> ResolvedModel:
         gguf = fetch_builtin(spec)
         key = spec.sha256[:16]
         with model_lock(f"{spec.name}-{key}-hf"):
-            hf_dir = gguf_to_hf(gguf, cache_dir() / "hf" / f"{spec.name}-{key}")
+            hf_dir = gguf_to_hf(gguf, cache_dir() / "hf" / f"{spec.name}-{key}", weights=False)
         return ResolvedModel(reference, spec.name, hf_dir, key, gguf)
 
     path = Path(reference).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         key = fingerprint(file_identity(path))
-        return ResolvedModel(reference, path.stem, gguf_to_hf(path, cache_dir() / "hf" / f"{path.stem}-{key}"), key,
+        return ResolvedModel(reference, path.stem, gguf_to_hf(path, cache_dir() / "hf" / f"{path.stem}-{key}", weights=False), key,
                              path)
     if path.is_dir():
         if not (path / "config.json").is_file():

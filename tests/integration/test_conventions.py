@@ -42,7 +42,7 @@ def test_a_target_without_a_drafter_given_gets_the_one_fly_knows(tmp_path):
     target = resolve_model(DEFAULT_TARGET)
     tokenizer = load_tokenizer(target)
     assert auto_drafter(DEFAULT_TARGET, tokenizer) == DEFAULT_DRAFT  # its built-in pair
-    assert auto_drafter(str(target.hf_dir), tokenizer) == DEFAULT_DRAFT  # a folder of the same family
+    assert auto_drafter(str(target.weights()), tokenizer) == DEFAULT_DRAFT  # a folder of the same family
     # another family: prompt lookup alone, where the default drafter gave a vocabulary error before
     folder = tmp_path / "other-family"
     Qwen2ForCausalLM(Qwen2Config(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

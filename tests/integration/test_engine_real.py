@@ -246,7 +246,7 @@ def test_onnx_logits_match_pytorch(engine, chat_ids):
     target = engine.target
     with engine.exclusive():  # borrow the target's cache between requests
         ort_logits = torch.cat([target.extend(ids), target.extend([ids[-1], 42, 43])])
-    torch_backend = TorchBackend(resolve_model("qwen2.5-coder-1.5b-instruct").hf_dir, device="cpu")
+    torch_backend = TorchBackend(resolve_model("qwen2.5-coder-1.5b-instruct").weights(), device="cpu")
     pt_logits = torch.cat([torch_backend.forward(ids), torch_backend.forward([ids[-1], 42, 43])])
     del torch_backend
     assert ort_logits.shape == pt_logits.shape

@@ -20,7 +20,7 @@ def exported_drafter(tmp_path_factory):
     folder = tmp_path_factory.mktemp("optimum-export")
     cli = Path(sys.executable).parent / "optimum-cli"  # the dev extra installs optimum-onnx
     proc = subprocess.run([str(cli), "export", "onnx", "--model",
-                           str(resolve_model(DEFAULT_DRAFT).hf_dir), "--task", "text-generation-with-past",
+                           str(resolve_model(DEFAULT_DRAFT).weights()), "--task", "text-generation-with-past",
                            str(folder)], capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return folder

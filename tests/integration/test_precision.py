@@ -20,7 +20,7 @@ def test_the_shipped_reference_is_the_full_precision_models_choices(engine):
     ref = reference(model, engine.tokenizer)
     assert (SHIPPED_REFERENCES / f"{model.name}-{model.key}.npz").is_file()
     # the first chunk again, from the dequantised GGUF in PyTorch at fp32
-    logits = TorchBackend(model.hf_dir, device="cpu", dtype=torch.float32).forward(ref["ids"][:128].tolist())
+    logits = TorchBackend(model.weights(), device="cpu", dtype=torch.float32).forward(ref["ids"][:128].tolist())
     logprobs = torch.log_softmax(logits.double(), dim=-1)
     assert (logprobs.argmax(-1).numpy() == ref["top_ids"][:128, 0]).all()
     np.testing.assert_allclose(torch.gather(logprobs, 1, torch.from_numpy(ref["top_ids"][:128]).long()).numpy(),
@@ -62,3 +62,25 @@ def test_the_gguf_under_llama_cpp_reads_crops_and_keeps_logits_like_a_graph(engi
     torch.testing.assert_close(again, passed)  # the crop removed exactly what the pass added
     sequence.crop(len(ids) - 5)
     assert torch.equal(sequence.extend(ids[-5:], keep=1)[0].argmax(), first[0].argmax())
+
+
+def test_dropped_weights_are_converted_again_from_the_gguf(tmp_path):
+    """`fly models fetch` drops a GGUF model's float32 weights once its graph is built; whatever needs them later
+    (the torch backend, a new graph) gets them converted again, the same as before."""
+    import shutil
+
+    from safetensors import safe_open
+
+    from fly_runtime.loader import DEFAULT_DRAFT
+    from fly_runtime.sources.convert import drop_weights, gguf_to_hf, has_weights
+
+    drafter = resolve_model(DEFAULT_DRAFT)
+    folder = tmp_path / drafter.hf_dir.name
+    shutil.copytree(drafter.hf_dir, folder, ignore=shutil.ignore_patterns("*.safetensors*"))
+    assert not has_weights(folder) and (folder / "tokenizer.json").is_file()
+    assert gguf_to_hf(drafter.gguf, folder, weights=False) == folder and not has_weights(folder)  # tokenizer use
+    assert gguf_to_hf(drafter.gguf, folder) == folder and has_weights(folder)
+    with safe_open(str(next(folder.glob("*.safetensors"))), "pt") as fresh, \
+            safe_open(str(next(drafter.weights().glob("*.safetensors"))), "pt") as cached:
+        assert torch.equal(fresh.get_tensor("model.norm.weight"), cached.get_tensor("model.norm.weight"))
+    assert drop_weights(folder) > 1e9 and not has_weights(folder) and (folder / "config.json").is_file()
