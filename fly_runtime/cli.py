@@ -111,6 +111,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             replace(base, mode=spec.mode, k=spec.k)  # validates, as construction does
     if args.skip < 0:
         raise FlyError(f"--skip must be >= 0, got {args.skip}")
+    if args.suite == "tools" and any(spec.mode == HF_ASSISTED for spec in modes):
+        raise FlyError("the tools suite runs its turns through LangChain's bind_tools: use ar, exact, fly and llama-cpp "
+                       "modes (hf-assisted has no tool calling)")
     tasks = load_tasks(args.suite, Path(args.data) if args.data else default_data_dir(), args.limit,
                        args.per_category, args.skip)
     if not tasks:

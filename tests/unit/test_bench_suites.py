@@ -82,3 +82,10 @@ def test_json_suite_scores_parsed_valid_and_matching_extractions(data_dir):
     assert not score_json(invoice, json.dumps(dict(right, total=584)))  # a wrong number
     assert not score_json(invoice, json.dumps({k: v for k, v in right.items() if k != "buyer"}))  # invalid
     assert not score_json(invoice, json.dumps(right)[:-1])  # cut short: does not parse
+
+
+def test_tools_suite_refuses_a_mode_without_tool_calling_before_loading_models(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "bench", "--suite", "tools", "--modes",
+                           "ar,hf-assisted", "--out", str(tmp_path / "bench")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "hf-assisted has no tool calling" in proc.stderr
