@@ -164,14 +164,15 @@ _TOOL = {"type": "object", "required": ["type", "function"], "properties": {
     "function": {"type": "object", "required": ["name"], "properties": {
         "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"}, "description": {"type": "string"},
         "parameters": {"type": "object", "description": "a JSON schema of type object"}}}}}
-TOOLS = {"type": "array", "items": _TOOL}
+_NULL = {"type": "null"}  # every optional field may be sent as null, as OpenAI clients do
+TOOLS = {"anyOf": [{"type": "array", "items": _TOOL}, _NULL]}
 TOOL_CHOICE = {"anyOf": [
-    {"enum": ["auto", "none", "required"]},
+    _NULL, {"enum": ["auto", "none", "required"]},
     {"type": "object", "required": ["type", "function"], "description": "a bound tool, by name",
      "properties": {"type": {"const": "function"}, "function": {
          "type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]}
 RESPONSE_FORMAT = {"anyOf": [
-    {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
+    _NULL, {"type": "object", "required": ["type"], "properties": {"type": {"enum": ["text", "json_object"]}}},
     {"type": "object", "required": ["type", "json_schema"], "properties": {
         "type": {"const": "json_schema"},
         "json_schema": {"type": "object", "required": ["name"], "properties": {

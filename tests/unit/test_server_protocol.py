@@ -106,6 +106,8 @@ def test_requests_are_checked_as_the_document_states_them(document):
     check = schema.BodyCheck(document).check
     ok = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "seed": 3.0, "mode": "fly", "window": 2}
     check("ChatRequest", ok)  # 3.0 is an integer in JSON
+    check("ChatRequest", {**ok, "tools": None, "tool_choice": None, "response_format": None, "stop": None,
+                          "stream_options": None, "k": None})  # optional fields sent as null, as clients do
     for bad, says in [({"window": False}, "window"), ({"turbo": 1}, "turbo"), ({"max_tokens": 5000}, "max_tokens"),
                       ({"messages": [{"role": "user", "content": "  "}]}, "messages"),
                       ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0"),
