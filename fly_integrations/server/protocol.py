@@ -35,7 +35,7 @@ class ChatRequest(BaseModel):
     tools: Annotated[list[dict[str, Any]] | None, WithJsonSchema(schema.TOOLS)] = None
     tool_choice: Annotated[str | dict[str, Any] | None, WithJsonSchema(schema.TOOL_CHOICE)] = None
     response_format: Annotated[dict[str, Any] | None, WithJsonSchema(schema.RESPONSE_FORMAT)] = None
-    n: Annotated[int, Field(ge=1, le=1)] = 1
+    n: Annotated[int, Field(ge=1, le=1)] = 1  # fly generates one choice per request
     timeout: Annotated[float | None, Field(gt=0)] = None  # fly: seconds this request may wait and run
 
 
@@ -67,8 +67,6 @@ def overrides(request: ChatRequest | CompletionRequest) -> dict[str, Any]:
     if unknown:
         raise InvalidPromptError(f"unknown request field(s) {unknown}: fly takes the OpenAI fields and its own "
                                  f"settings {sorted(set(OVERRIDABLE) - {'max_tokens'})}")
-    if request.n != 1:
-        raise InvalidPromptError(f"n must be 1 (fly generates one choice per request), got {request.n}")
     values = {k: schema.as_json_type(k, v) for k, v in extra.items() if k in OVERRIDABLE}
     budget = getattr(request, "max_completion_tokens", None) or request.max_tokens
     for name, value in (("max_tokens", budget), ("temperature", request.temperature), ("top_p", request.top_p),

@@ -12,13 +12,17 @@ import pytest
 PEER = "llama-cpp" if importlib.util.find_spec("llama_cpp") else "ar:int4"
 
 
-def test_bench_run_writes_results_summary_and_plot(tmp_path):
-    out = tmp_path / "bench"
-    proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "bench", "--suite", "gsm8k", "--limit", "2",
-                           "--max-new-tokens", "24", "--modes", f"ar,exact,fly,{PEER}", "--out", str(out)],
+def bench(out, *args: str) -> list[dict]:
+    """`fly bench ARGS --out OUT` as a user runs it; the rows of its results.jsonl."""
+    proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "bench", *args, "--out", str(out)],
                           capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+
+
+def test_bench_run_writes_results_summary_and_plot(tmp_path):
+    out = tmp_path / "bench"
+    rows = bench(out, "--suite", "gsm8k", "--limit", "2", "--max-new-tokens", "24", "--modes", f"ar,exact,fly,{PEER}")
     assert [r["mode"] for r in rows] == ["ar", "exact", "fly", PEER] * 2  # interleaved per prompt
     assert all(r["new_tokens"] > 0 for r in rows)
     assert all({"tokens_per_second", "mean_accepted", "fly_forgiven", "text", "correct"} <= set(r) for r in rows)
@@ -46,11 +50,7 @@ def test_bench_run_writes_results_summary_and_plot(tmp_path):
 def test_bench_tools_suite_runs_bfcl_turns_through_bind_tools(tmp_path):
     """BFCL turns through FlyChatModel.bind_tools (and llama.cpp on the same rendered prompt), scored by their calls."""
     out = tmp_path / "tools"
-    proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "bench", "--suite", "tools", "--limit", "2",
-                           "--max-new-tokens", "64", "--modes", f"ar,fly,{PEER}", "--out", str(out)],
-                          capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    rows = bench(out, "--suite", "tools", "--limit", "2", "--max-new-tokens", "64", "--modes", f"ar,fly,{PEER}")
     assert [r["mode"] for r in rows] == ["ar", "fly", PEER] * 2
     assert all(r["task_id"].startswith("tools/simple_python_") for r in rows)
     for row in rows:
