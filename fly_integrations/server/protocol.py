@@ -210,22 +210,18 @@ def chat_completion(head: Head, reply: Reply) -> dict[str, Any]:
     return head.body([choice], **head.figures(reply.result))
 
 
-def chat_chunks(head: Head, items) -> "AsyncIterator[dict[str, Any]]":
+async def chat_chunks(head: Head, items: AsyncIterator[Any]) -> AsyncIterator[dict[str, Any]]:
     """A streamed chat reply's chunks: the role, text deltas, the calls and finish reason, then usage."""
     chunk = "chat.completion.chunk"
-
-    async def chunks():
-        yield head.body([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}], chunk)
-        async for item in items:
-            if isinstance(item, str):
-                yield head.body([{"index": 0, "delta": {"content": item}, "finish_reason": None}], chunk)
-                continue
-            calls = [dict(call, index=i) for i, call in enumerate(tool_calls(item))]
-            yield head.body([{"index": 0, "delta": {"tool_calls": calls} if calls else {},
-                              "finish_reason": finish_reason(item.result, bool(calls))}], chunk)
-            yield head.body([], chunk, **head.figures(item.result))
-
-    return chunks()
+    yield head.body([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}], chunk)
+    async for item in items:
+        if isinstance(item, str):
+            yield head.body([{"index": 0, "delta": {"content": item}, "finish_reason": None}], chunk)
+            continue
+        calls = [dict(call, index=i) for i, call in enumerate(tool_calls(item))]
+        yield head.body([{"index": 0, "delta": {"tool_calls": calls} if calls else {},
+                          "finish_reason": finish_reason(item.result, bool(calls))}], chunk)
+        yield head.body([], chunk, **head.figures(item.result))
 
 
 def text_completion(head: Head, result) -> dict[str, Any]:
@@ -233,18 +229,14 @@ def text_completion(head: Head, result) -> dict[str, Any]:
     return head.body([choice], **head.figures(result))
 
 
-def completion_chunks(head: Head, items) -> "AsyncIterator[dict[str, Any]]":
+async def completion_chunks(head: Head, items: AsyncIterator[Any]) -> AsyncIterator[dict[str, Any]]:
     """A streamed completion's chunks: text pieces, then the finish reason with usage."""
-
-    async def chunks():
-        async for item in items:
-            if isinstance(item, str):
-                yield head.body([{"index": 0, "text": item, "logprobs": None, "finish_reason": None}])
-            else:
-                yield head.body([{"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason(item)}],
-                                **head.figures(item))
-
-    return chunks()
+    async for item in items:
+        if isinstance(item, str):
+            yield head.body([{"index": 0, "text": item, "logprobs": None, "finish_reason": None}])
+        else:
+            yield head.body([{"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason(item)}],
+                            **head.figures(item))
 
 
 def completion_id(kind: Literal["chatcmpl", "cmpl"]) -> str:
