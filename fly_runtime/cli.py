@@ -12,7 +12,7 @@ from fly_runtime.errors import FlyError
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    from fly_runtime.loader import AUTO_DRAFT, DEFAULT_TARGET
+    from fly_runtime.loader import AUTO_DRAFT, DEFAULT_MAX_BATCH, DEFAULT_TARGET
 
     parser.add_argument("--target", default=DEFAULT_TARGET, help="target model: built-in name, dir, .gguf, Hub id")
     parser.add_argument("--draft", default=AUTO_DRAFT,
@@ -24,6 +24,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=["auto", "fp32", "int8", "int4", "gguf"], default="auto",
                         help="the target on the CPU: an ONNX Runtime graph (fp32, int8, int4), its GGUF under "
                              "llama.cpp (gguf), or auto: the fastest here that agrees with the model")
+    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
+                        help="requests decoded together in one target pass (llama.cpp target; others take turns)")
 
 
 def _add_decoding_args(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
@@ -51,7 +53,7 @@ def _model_settings(args: argparse.Namespace):
 
     draft = None if args.draft.lower() == "none" else args.draft
     return ModelSettings(target=args.target, draft=draft, backend=args.backend, device=args.device,
-                         precision=args.precision)
+                         precision=args.precision, max_batch=args.max_batch)
 
 
 LONG_PROMPT = 1024  # tokens: the CLI says it is reading a prompt longer than this (seconds on a CPU)

@@ -1,14 +1,17 @@
 """The generate loop: prefill, then rounds of draft -> one target forward -> verify -> commit -> crop.
 
-One engine owns one target and (optionally) one drafter, each with a single KV cache, so requests are
-served one at a time under a lock. Output is streamed as committed text pieces. A finished request leaves its
-caches behind, and the next one reuses them as far as its prompt starts the same way: a chat resends its
-history each turn, an agent its system prompt and tool schemas, and reading those again is a CPU's dearest
-work (docs/design.md, "Prompt cache").
+One engine owns one target and (optionally) one drafter. Each request runs this loop on a sequence of the
+target's cache of its own: where the backend holds several sequences, the requests decoding at once share
+every target pass (fly_runtime/batching.py), else they take turns. The drafter serves one request at a time;
+the others decode plainly meanwhile. Output is streamed as committed text pieces. A finished request leaves its
+cache behind, and later ones reuse it as far as their prompts start the same way: a chat resends its history
+each turn, an agent its system prompt and tool schemas, and reading those again is a CPU's dearest work
+(docs/design.md, "Prompt cache").
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import warnings
@@ -20,6 +23,7 @@ import torch
 
 from fly_runtime.adaptive import CostProfile, DeferredRead
 from fly_runtime.backends.base import CachedSequence
+from fly_runtime.batching import Slots
 from fly_runtime.config import CODE_FENCE, GenerationConfig
 from fly_runtime.constraint import JsonConstraint, grammar_tokenizer
 from fly_runtime.drafters import Draft, Drafter, DraftShape
@@ -152,7 +156,8 @@ class FlyEngine:
         host_threads: int | None = None,
         draft_name: str | None = None,
     ) -> None:
-        self.target = target
+        self.slots = Slots(target)  # the target's sequences, one per request served at once
+        self.target = self.slots.sequences[0]
         self.tokenizer = tokenizer
         self.drafter = drafter
         # the same drafter with prompt-lookup n-grams in front, used when a request asks for n-grams
@@ -168,15 +173,14 @@ class FlyEngine:
         # None leaves torch's setting alone. Where the models run on ONNX Runtime its thread pool spins on the
         # same cores between runs, and torch's own pool contending with it slows every drafter pass
         self.host_threads = host_threads
-        self._lock = threading.Lock()
-        self._holder: int | None = None  # the thread whose request holds the lock (a stream may sit open there)
+        self._drafting = threading.Lock()  # held by the request the drafter serves
         self.learned = Learned()  # prices measured on this machine, kept across requests
         self._digit_tokens: torch.Tensor | None = None  # built on the first FLy request that protects numbers
         self._grammar_tokenizer = None  # built on the first structured request
 
     # ----------------------------------------------------------------------------------------------- API
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig) -> GenerationStream:
-        self._check_not_holding()
+        self._check_not_holding(unless_free=True)
         prompt = self._check_prompt(prompt_ids, config)
         if config.mode != "ar" and self.drafter is None:
             raise InvalidSettingsError(f"mode {config.mode!r} needs a drafter; load one or use mode='ar'")
@@ -206,25 +210,27 @@ class FlyEngine:
 
     @contextmanager
     def _hold(self) -> Iterator[None]:
-        """The engine's lock. Other threads wait for it; the thread already holding it (a stream it opened and
-        has not finished or closed) gets an error, since it would wait for itself forever."""
+        """Every sequence of the engine, once the requests before have finished. A thread that holds one (a
+        stream it opened and has not finished or closed) gets an error, since it would wait for itself."""
         self._check_not_holding()
-        with self._lock:
-            self._holder = threading.get_ident()
-            try:
-                yield
-            finally:
-                self._holder = None
+        with self.slots.every():
+            yield
 
-    def _check_not_holding(self) -> None:
-        if self._holder == threading.get_ident():
+    def _check_not_holding(self, unless_free: bool = False) -> None:
+        """Refuse what would wait for a stream this thread has open (``unless_free``: a request that can start
+        on a free sequence at once)."""
+        if self.slots.holding() and not (unless_free and self.slots.free_now()):
             raise EngineBusyError(
-                "this thread has a generation stream open on the same model, and the engine serves one request "
-                "at a time: finish or close that stream (stream.close(), or leave its for loop) before starting "
-                "another request, or make the second request from another thread")
+                "this thread has a generation stream open on the same model, and the engine has no free sequence "
+                "to serve another: finish or close that stream (stream.close(), or leave its for loop) before "
+                "starting another request, or make the second request from another thread")
 
     def _reset_caches(self) -> None:
-        self.target.reset()
+        for sequence in self.slots.sequences:
+            sequence.reset()
+        self._reset_drafter()
+
+    def _reset_drafter(self) -> None:
         for view in self._drafter_views():
             view.reset()
 
@@ -250,35 +256,49 @@ class FlyEngine:
 
     # ------------------------------------------------------------------------------------------- the loop
     def _run(self, stream: GenerationStream, prompt: list[int], config: GenerationConfig) -> Iterator[str]:
-        with self._hold(), _torch_threads(self.host_threads):
-            request = self._start(prompt, config)
-            try:
-                new = self._prefill(request)
-                while True:
-                    piece = request.commit(new)
-                    if piece:
-                        yield piece
-                    if request.finish is not None:
-                        break
-                    new = self._step(request)
-                tail = request.text.finish()
-                if tail:
-                    yield tail
-            except BaseException:
-                # a request that failed inside a forward pass may leave a cache out of step with its ids; one
-                # abandoned or failed for any reason leaves nothing for the next request to trust
-                self._reset_caches()
-                raise
-            stream.result = request.result()
+        """Serve one request on a sequence of its own, with the drafter if no other request has it."""
+        seq = self.slots.take(prompt, len(prompt) + config.max_new_tokens + Slots.DRAFT_ROOM)
+        start = time.perf_counter()  # the wait for a sequence is not the request's time
+        drafting = config.mode != "ar" and self._drafting.acquire(blocking=False)
+        if config.mode != "ar" and not drafting:
+            config = dataclasses.replace(config, mode="ar")
+        try:
+            with _torch_threads(self.host_threads):
+                yield from self._serve(stream, self._start(prompt, config, self.slots.sequences[seq], start))
+        except BaseException:
+            # a request that failed inside a forward pass may leave a cache out of step with its ids; one
+            # abandoned or failed for any reason leaves nothing for the next request to trust
+            self.slots.sequences[seq].reset()
+            if drafting:
+                self._reset_drafter()
+            raise
+        finally:
+            if drafting:
+                self._drafting.release()
+            self.slots.give(seq)
 
-    def _start(self, prompt: list[int], config: GenerationConfig) -> _Request:
-        start = time.perf_counter()
+    def _serve(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
+        new = self._prefill(request)
+        while True:
+            piece = request.commit(new)
+            if piece:
+                yield piece
+            if request.finish is not None:
+                break
+            new = self._step(request)
+        tail = request.text.finish()
+        if tail:
+            yield tail
+        stream.result = request.result()
+
+    def _start(self, prompt: list[int], config: GenerationConfig, target: CachedSequence, start: float) -> _Request:
         if config.mode != "ar" and self.learned.costs is None:
-            self.learned.costs = self._measure_costs()  # once per engine (a few passes); the timeout counts it
+            self.learned.costs = self._measure_costs(target)  # once per engine (a few passes); the timeout counts it
         seed = config.seed if config.seed is not None else int(torch.randint(0, 2**62, ()).item())
         sampler = Sampler(config.temperature, config.top_k, config.top_p, torch.Generator().manual_seed(seed))
         request = _Request(prompt, config, sampler, self._verification(config, prompt),
                            StopTextStream(self.tokenizer, config.stop), self.eos_token_ids, start, self.draft_name)
+        request.target = target
         if config.json_schema is not None:
             if self._grammar_tokenizer is None:
                 self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
@@ -290,14 +310,14 @@ class FlyEngine:
         """Read the prompt (past what the previous request left cached) and pick the first token."""
         for view in self._drafter_views():
             view.begin()
-        stats = request.stats
-        unread = self.target.crop_to_prefix(request.prompt)
+        stats, target = request.stats, request.target
+        unread = target.crop_to_prefix(request.prompt)
         stats.cached_tokens = len(request.prompt) - len(unread)
         if 0 < request.config.warn_prompt_tokens < len(unread):
             self._warn_long_read(len(unread))
         began = time.perf_counter()
-        logits = self._read_prompt(unread, request.deadline)
-        read = len(self.target) - stats.cached_tokens  # less than unread where the timeout cut it short
+        logits = self._read_prompt(target, unread, request.deadline)
+        read = len(target) - stats.cached_tokens  # less than unread where the timeout cut it short
         if read:
             self._learn_prefill(read, time.perf_counter() - began)
         stats.target_forwards += 1
@@ -321,15 +341,16 @@ class FlyEngine:
         request.proposer.record(proposal, verdict, len(new))
         return new
 
-    def _measure_costs(self, context: int = 32, repeats: int = 3) -> CostProfile:
-        """Time a one-token target step, a nine-token target pass and the drafter's tokens (caches are dropped
-        before and after), for the policy's decision whether model drafts can pay at all."""
+    def _measure_costs(self, target: CachedSequence, context: int = 32, repeats: int = 3) -> CostProfile:
+        """Time a one-token target step, a nine-token target pass and the drafter's tokens on the request's
+        sequence (its cache and the drafter's are dropped before and after), for the policy's decision whether
+        model drafts can pay at all."""
         filler = [self.tokenizer.encode(" the", add_special_tokens=False)[0]] * context
-        self._reset_caches()
+        target.reset()
+        self._reset_drafter()
         try:
-            self.target.extend(filler, keep=1)
-            step, nine = (pass_seconds(self.target.extend, self.target.crop, context, filler[:n], repeats)
-                          for n in (1, 9))
+            target.extend(filler, keep=1)
+            step, nine = (pass_seconds(target.extend, target.crop, context, filler[:n], repeats) for n in (1, 9))
             assert self.drafter is not None
             self.drafter.catch_up(filler)
             greedy = Sampler(0.0, 0, 1.0, torch.Generator())
@@ -343,7 +364,8 @@ class FlyEngine:
             forwards = drafted[-1].forwards  # 0 where the drafter is prompt lookup itself
             draft_token = seconds / forwards if forwards else 0.0
         finally:
-            self._reset_caches()
+            target.reset()
+            self._reset_drafter()
         return CostProfile(step=step, row=max(0.0, nine - step) / 8, draft=draft_token)
 
     PROMPT_CHUNK = 128  # tokens per target pass while reading a prompt: a timeout or Ctrl-C acts within one
@@ -355,7 +377,7 @@ class FlyEngine:
                       f"{self.PROMPT_CHUNK} tokens (warn_prompt_tokens sets when this is said)", FlyWarning,
                       stacklevel=2)
 
-    def _read_prompt(self, ids: list[int], deadline: float | None) -> torch.Tensor | None:
+    def _read_prompt(self, target: CachedSequence, ids: list[int], deadline: float | None) -> torch.Tensor | None:
         """Feed the prompt in chunks, so that a timeout (and Ctrl-C, which waits for the running pass) takes
         effect within one chunk instead of after the whole read; None where the deadline passed first."""
         done = 0
@@ -363,8 +385,8 @@ class FlyEngine:
             if deadline is not None and time.perf_counter() > deadline:
                 return None
             if len(ids) - done <= self.PROMPT_CHUNK:
-                return self.target.extend(ids[done:], keep=1)
-            self.target.extend(ids[done:done + self.PROMPT_CHUNK], keep=1)
+                return target.extend(ids[done:], keep=1)
+            target.extend(ids[done:done + self.PROMPT_CHUNK], keep=1)
             done += self.PROMPT_CHUNK
 
     def _learn_prefill(self, tokens: int, seconds: float) -> None:
@@ -388,7 +410,7 @@ class FlyEngine:
         return Verification(rule, spans, protected, len(prompt) + config.exact_opening)
 
     def _plain_step(self, last: int, request: _Request) -> list[int]:
-        logits = self.target.extend([last])
+        logits = request.target.extend([last])
         request.stats.target_forwards += 1
         return [request.pick(logits[0, : self.vocab_size])]
 
@@ -401,8 +423,9 @@ class FlyEngine:
             proposal.draft = proposal.draft.head(allowed)
         draft = proposal.draft
         draft_ids = draft.token_ids
-        cached = len(self.target)  # the target has seen all of context but its last token
-        logits = self.target.extend([context[-1], *draft_ids])[:, : self.vocab_size]
+        target = request.target
+        cached = len(target)  # the target has seen all of context but its last token
+        logits = target.extend([context[-1], *draft_ids])[:, : self.vocab_size]
         if masks is not None:
             logits = logits.masked_fill(~masks, float("-inf"))
         stats.target_forwards += 1
@@ -422,7 +445,7 @@ class FlyEngine:
             stats.fly_forgiven += verdict.forgiven
         kept = draft_ids[: verdict.accepted]
         # the target keeps context + kept drafts; the new token is fed at the start of the next round
-        self.target.crop(cached + 1 + verdict.accepted)
+        target.crop(cached + 1 + verdict.accepted)
         assert proposal.source is not None
         proposal.source.commit(context + kept + [verdict.next_token])
         return kept + [verdict.next_token], verdict
@@ -442,6 +465,7 @@ class _Request:
         self.committed: list[int] = []
         self.finish: str | None = None  # set once the request has ended: "stop", "length" or "timeout"
         self.proposer: Proposer  # made once the prompt is read
+        self.target: CachedSequence  # the request's sequence of the target's cache
         self.constraint: JsonConstraint | None = None  # the grammar a structured reply follows
 
     def pick(self, logits: torch.Tensor) -> int:

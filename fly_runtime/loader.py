@@ -18,6 +18,7 @@ from fly_runtime.sources import BUILTIN_PAIRS, DEFAULT_PAIR, ResolvedModel, reso
 BackendName = Literal["auto", "torch", "onnx"]
 DEFAULT_TARGET, DEFAULT_DRAFT = BUILTIN_PAIRS[DEFAULT_PAIR]
 AUTO_DRAFT = "auto"
+DEFAULT_MAX_BATCH = 4  # llama-server's default parallel slots; rows beyond it cost near a step each here
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,13 @@ class ModelSettings:
     # the target on the CPU: an ONNX Runtime graph (fp32, int8, int4), the GGUF run by llama.cpp (gguf), or auto:
     # the fastest of them on this machine that keeps the model's choices (fly_runtime/tuning.py); drafter: int4
     precision: str = "auto"
+    # requests the target decodes together, each on a sequence of its cache (where the backend holds several:
+    # llama.cpp); the rest wait their turn
+    max_batch: int = DEFAULT_MAX_BATCH
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_batch, int) or not 1 <= self.max_batch <= 64:
+            raise InvalidSettingsError(f"max_batch must be an integer from 1 to 64, got {self.max_batch!r}")
 
 
 _engines: dict[ModelSettings, FlyEngine] = {}
@@ -59,8 +67,9 @@ def _pick_backend(settings: ModelSettings) -> str:
     return "torch" if on_gpu else "onnx"
 
 
-def open_target(model: ResolvedModel, precision: str, threads: int | None = None) -> Backend:
-    """The model on the CPU at ``precision``: an ONNX Runtime graph, or (``gguf``) its GGUF run by llama.cpp."""
+def open_target(model: ResolvedModel, precision: str, threads: int | None = None, sequences: int = 1) -> Backend:
+    """The model on the CPU at ``precision``: an ONNX Runtime graph, or (``gguf``) its GGUF run by llama.cpp, whose
+    cache holds ``sequences`` sequences (a graph's holds one)."""
     from fly_runtime.sources.convert import GGUF
 
     threads = threads or os.cpu_count()
@@ -71,7 +80,7 @@ def open_target(model: ResolvedModel, precision: str, threads: int | None = None
         from fly_runtime.backends.llama_cpp_backend import LlamaCppBackend
 
         with _loading(model):
-            return LlamaCppBackend(model.gguf, threads=threads)
+            return LlamaCppBackend(model.gguf, threads=threads, sequences=sequences)
     from fly_runtime.backends.ort_backend import OrtBackend
 
     onnx_dir = model.build_onnx(precision)
@@ -79,9 +88,10 @@ def open_target(model: ResolvedModel, precision: str, threads: int | None = None
         return OrtBackend(onnx_dir, threads=threads)
 
 
-def _make_backend(model: ResolvedModel, kind: str, device: str | None, precision: str) -> Backend:
+def _make_backend(model: ResolvedModel, kind: str, device: str | None, precision: str,
+                  sequences: int = 1) -> Backend:
     if kind == "onnx":
-        return open_target(model, precision)
+        return open_target(model, precision, sequences=sequences)
     from fly_runtime.backends.torch_backend import TorchBackend
 
     if model.exported_onnx:
@@ -176,7 +186,7 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         drafter = ModelDrafter(draft_sequence, vocab_size)
         cascade = ModelDrafter(draft_sequence, vocab_size, lookup)
     precision = target_precision(settings, target_model, tokenizer) if kind == "onnx" else "fp32"
-    target_backend = _make_backend(target_model, kind, settings.device, precision)
+    target_backend = _make_backend(target_model, kind, settings.device, precision, settings.max_batch)
     return FlyEngine(
         CachedSequence(target_backend),
         tokenizer,

@@ -1,4 +1,5 @@
-"""One request at a time on the engine, the rest waiting in arrival order up to a bounded depth."""
+"""Up to ``turns`` requests on the engine at once (decoded together), the rest waiting in arrival order up to a
+bounded depth."""
 
 from __future__ import annotations
 
@@ -23,12 +24,13 @@ class QueueTimeout(Exception):
 
 
 class Admission:
-    """A FIFO turn on the engine: asyncio's lock wakes its waiters in order. A request arriving with ``depth``
-    already waiting is refused at once, with a retry time estimated from recent requests' durations."""
+    """A FIFO turn on the engine, ``turns`` held at once: asyncio's semaphore wakes its waiters in order. A
+    request arriving with ``depth`` already waiting is refused at once, with a retry time estimated from recent
+    requests' durations."""
 
-    def __init__(self, depth: int) -> None:
-        self.depth = depth
-        self._lock = asyncio.Lock()
+    def __init__(self, depth: int, turns: int = 1) -> None:
+        self.depth, self.turns = depth, turns
+        self._lock = asyncio.Semaphore(turns)
         self._waiting = 0
         self._durations: deque[float] = deque(maxlen=16)
 
@@ -38,7 +40,7 @@ class Admission:
 
     def retry_after(self) -> int:
         typical = sum(self._durations) / len(self._durations) if self._durations else 5.0
-        return max(1, math.ceil(typical * (self._waiting + 1)))
+        return max(1, math.ceil(typical * (self._waiting + 1) / self.turns))
 
     @asynccontextmanager
     async def turn(self, timeout: float | None) -> AsyncIterator[None]:

@@ -1,6 +1,6 @@
 """`fly serve`: an OpenAI-compatible HTTP endpoint over one engine (FastAPI on uvicorn).
 
-Requests take turns on the engine in arrival order (``Admission``); each reply is generated in a worker thread
+Requests enter the engine in arrival order, as many at once as it decodes together (``Admission``); each reply is generated in a worker thread
 and streamed back as it is committed. A client that leaves mid-stream ends its generation at the next
 committed piece. Errors are OpenAI-shaped JSON: 400 for a bad request (fly's own message), 401 without the
 API key, 413 for a body over the limit, 429 / 503 with Retry-After when the queue is full or a request timed
@@ -66,7 +66,8 @@ router = APIRouter()
 def create_app(params: FlyParams, settings: ServerSettings) -> FastAPI:
     """The app for one model pair (loaded here, before the first request)."""
     app = FastAPI(title="fly", version="1", description=_DESCRIPTION)
-    app.state.fly = _State(params, settings, params.engine(), Admission(settings.queue_depth))
+    engine = params.engine()
+    app.state.fly = _State(params, settings, engine, Admission(settings.queue_depth, engine.slots.count))
     app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
     app.add_exception_handler(_ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _bad_body)

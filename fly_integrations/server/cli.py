@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     # the command line's settings are the defaults of every request
     params = FlyParams(target=settings.target, draft=settings.draft, backend=settings.backend,
-                       device=settings.device, precision=settings.precision,
+                       device=settings.device, precision=settings.precision, max_batch=settings.max_batch,
                        **{adapter_name(name): getattr(config, name) for name in REQUEST_SETTINGS})
     print(f"fly: loading {settings.target} ...", file=sys.stderr, flush=True)
     app = create_app(params, ServerSettings(args.api_key, args.queue_depth, args.request_timeout,

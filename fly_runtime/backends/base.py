@@ -45,11 +45,14 @@ class CachedSequence:
 
     def crop(self, length: int) -> None:
         if length < len(self.ids):
-            self.backend.crop(length)
+            # ids first: at every moment they are a prefix of what the cache holds (batching.Slots relies on it)
             del self.ids[length:]
+            self.backend.crop(length)
 
     def reset(self) -> None:
-        self.crop(0)
+        """Empty the cache, also where a failed pass left cells the ids do not know of."""
+        self.ids.clear()
+        self.backend.crop(0)
 
     def reusable(self, context: Sequence[int]) -> int:
         """How many cached positions hold the start of ``context[:-1]`` (its last id is always fed anew)."""

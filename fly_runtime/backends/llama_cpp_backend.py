@@ -4,6 +4,11 @@ Where llama.cpp decodes one token faster than any ONNX Runtime graph of the mode
 measurement), the target runs here: plain steps then cost what llama.cpp's do, and fly's speculation comes on
 top of the fastest plain decoding instead of beside it. A pass computes logits only for the positions asked for
 (the last ``keep``), and a crop removes cached positions from llama.cpp's KV cache.
+
+The cache holds several sequences (``sequences``) in one pool of cells, as llama-server's parallel slots do:
+``forward_rows`` runs new tokens of several sequences in one pass (batched decoding, fly_runtime/batching.py),
+and ``share`` lets a sequence start from another's cached prefix without reading it again (the cells are
+shared, not copied).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fly_runtime.errors import InvalidSettingsError
+from fly_runtime.errors import FlyError, InvalidSettingsError
 
 
 def available() -> bool:
@@ -24,46 +29,91 @@ def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+class KvCacheFull(FlyError):
+    """llama.cpp found no room in the KV cache for a pass."""
+
+
 class LlamaCppBackend:
     BATCH = 512  # tokens per llama_decode call
 
-    def __init__(self, gguf: Path, context: int = 0, threads: int | None = None) -> None:
-        """``context``: positions the KV cache holds (0: the model's trained context, as a request may use it)."""
+    def __init__(self, gguf: Path, context: int = 0, threads: int | None = None, sequences: int = 1) -> None:
+        """``context``: cells the KV cache holds, for all sequences together (0: the model's trained context,
+        as one request may use it); ``sequences``: how many sequences it can hold at once."""
         if not available():
             raise InvalidSettingsError("backend 'llama-cpp' needs llama-cpp-python: pip install "
                                        "'fly-integrations[llama-cpp]' (it builds llama.cpp, about 10 minutes once)")
-        from llama_cpp import Llama
+        import llama_cpp
+        from llama_cpp import _internals, _logger
 
+        _logger.set_verbose(False)  # llama.cpp's load log would otherwise reach stderr (`fly generate` keeps it clean)
+        self._llama_decode = llama_cpp.llama_decode
         threads = threads or os.cpu_count()
-        self.llm = Llama(model_path=str(gguf), n_ctx=context, n_batch=self.BATCH, n_ubatch=self.BATCH,
-                         n_threads=threads, n_threads_batch=threads, logits_all=False, verbose=False)
-        self._ctx, self._batch = self.llm._ctx, self.llm._batch
-        self._vocab = self.llm.n_vocab()
-        self.max_context = self.llm.n_ctx()
+        model_params = llama_cpp.llama_model_default_params()
+        self._model = _internals.LlamaModel(path_model=str(gguf), params=model_params, verbose=False)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = context or self._model.n_ctx_train()
+        params.n_batch = params.n_ubatch = self.BATCH
+        params.n_threads = params.n_threads_batch = threads
+        params.n_seq_max = sequences
+        params.kv_unified = True  # one pool of cells: any sequence may grow to the whole context
+        self._ctx = _internals.LlamaContext(model=self._model, params=params, verbose=False)
+        self._batch = _internals.LlamaBatch(n_tokens=self.BATCH, embd=0, n_seq_max=1, verbose=False)
+        self._vocab = self._model.n_vocab()
+        self.max_context = self._ctx.n_ctx()
+        self.sequences = sequences
         self.name = f"llama.cpp-{gguf.stem}"
-        self._length = 0
+        self._lengths = [0] * sequences
 
     def forward(self, input_ids: Sequence[int], keep: int | None = None) -> torch.Tensor:
-        ids = list(input_ids)
-        n = len(ids)
-        keep = min(keep or n, n)
-        rows = []
-        for start in range(0, n, self.BATCH):
-            chunk = ids[start:start + self.BATCH]
-            self._batch.set_batch(chunk, n_past=self._length, logits_all=False)
-            wanted = 0
-            for i in range(len(chunk)):  # logits only for the last `keep` positions of the whole pass
-                flag = start + i >= n - keep
-                self._batch.batch.logits[i] = flag
-                wanted += flag
-            self._ctx.decode(self._batch)
-            self._length += len(chunk)
-            if wanted:
-                logits = np.ctypeslib.as_array(self._ctx.get_logits(), shape=(wanted, self._vocab))
-                rows.append(logits.copy())
-        return torch.from_numpy(np.concatenate(rows))
+        return self.forward_rows([(0, input_ids, keep)])[0]
 
     def crop(self, length: int) -> None:
-        if length < self._length:
-            self._ctx.kv_cache_seq_rm(0, length, -1)
-            self._length = length
+        self.crop_sequence(0, length)
+
+    def forward_rows(self, parts: Sequence[tuple[int, Sequence[int], int | None]]) -> list[torch.Tensor]:
+        """Append each part's ids to its sequence, all in one pass (split every ``BATCH`` tokens); the float32
+        logits of the last ``keep`` ids of each part (default all), in the parts' order."""
+        rows = [(seq, self._lengths[seq] + i, token, i >= len(ids) - min(keep or len(ids), len(ids)), p)
+                for p, (seq, ids, keep) in enumerate(parts) for i, token in enumerate(ids)]
+        logits: list[list[np.ndarray]] = [[] for _ in parts]
+        batch = self._batch.batch
+        for start in range(0, len(rows), self.BATCH):
+            chunk = rows[start:start + self.BATCH]
+            for i, (seq, pos, token, wanted, _) in enumerate(chunk):
+                batch.token[i], batch.pos[i], batch.logits[i] = token, pos, wanted
+                batch.seq_id[i][0], batch.n_seq_id[i] = seq, 1
+            batch.n_tokens = len(chunk)
+            status = self._decode()
+            if status:
+                self._undo(rows[:start])
+                raise KvCacheFull(f"llama.cpp could not place {len(chunk)} tokens in its KV cache "
+                                  f"({self.max_context} cells, status {status}): fewer requests or shorter "
+                                  f"prompts at once, or a larger context")
+            for i, (_, _, _, wanted, p) in enumerate(chunk):
+                if wanted:
+                    row = np.ctypeslib.as_array(self._ctx.get_logits_ith(i), shape=(self._vocab,))
+                    logits[p].append(row.copy())
+            for seq, *_ in chunk:
+                self._lengths[seq] += 1
+        return [torch.from_numpy(np.stack(rows_of)) if rows_of else torch.empty(0, self._vocab)
+                for rows_of in logits]
+
+    def _decode(self) -> int:
+        return self._llama_decode(self._ctx.ctx, self._batch.batch)
+
+    def _undo(self, done: list) -> None:
+        """A pass failed part way: drop what its earlier chunks wrote, so no sequence holds half a part."""
+        for seq in {row[0] for row in done}:
+            first = min(row[1] for row in done if row[0] == seq)
+            self.crop_sequence(seq, first)
+
+    def crop_sequence(self, seq: int, length: int) -> None:
+        if length < self._lengths[seq]:
+            self._ctx.kv_cache_seq_rm(seq, length, -1)
+            self._lengths[seq] = length
+
+    def share(self, source: int, target: int, length: int) -> None:
+        """Make ``target`` hold the first ``length`` positions of ``source`` (shared cells, nothing computed)."""
+        self._ctx.kv_cache_seq_rm(target, 0, -1)
+        self._ctx.kv_cache_seq_cp(source, target, 0, length)
+        self._lengths[target] = length

@@ -96,14 +96,18 @@ def test_a_request_from_the_thread_holding_an_open_stream_is_an_error_not_a_hang
     outcome: list[object] = []
 
     def same_thread() -> None:
-        stream = llm.stream("Write a long story about a dragon.")
-        next(stream)
+        # every sequence of the engine held by this thread's open streams (one where the target holds one)
+        streams = [llm.stream(f"Write a long story about dragon number {n}.") for n in range(llm.engine().slots.count)]
+        for stream in streams:
+            next(stream)
         try:
             llm.invoke("What is 2 + 2?")
         except EngineBusyError as exc:
             outcome.append(exc)
-        stream.close()
-        outcome.append(llm.invoke("What is 2 + 2?").content)  # closed: the engine serves again
+        streams.pop().close()
+        outcome.append(llm.invoke("What is 2 + 2?").content)  # a sequence is free: the engine serves again
+        for stream in streams:
+            stream.close()
 
     worker = threading.Thread(target=same_thread, daemon=True)
     worker.start()

@@ -84,6 +84,25 @@ def test_the_queue_serves_in_arrival_order_refuses_beyond_its_depth_and_times_ou
     assert order == [0, 1, 2, 3] and refused and timed_out
 
 
+def test_the_queue_lets_as_many_requests_in_as_the_engine_decodes_together():
+    async def scenario() -> tuple[int, list[int]]:
+        admission, inside, most, order = Admission(depth=8, turns=2), [0], [0], []
+
+        async def request(i: int) -> None:
+            async with admission.turn(None):
+                order.append(i)
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+                await asyncio.sleep(0.05)
+                inside[0] -= 1
+
+        await asyncio.gather(*(request(i) for i in range(5)))
+        return most[0], order
+
+    most, order = asyncio.run(scenario())
+    assert most == 2 and order == [0, 1, 2, 3, 4]
+
+
 @pytest.fixture(scope="module")
 def document():
     """The served document's routes and request rules, as create_app completes them (no model needed)."""

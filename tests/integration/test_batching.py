@@ -1,0 +1,71 @@
+"""Batched decoding on the real target run by llama.cpp (its cache holds several sequences): requests from
+several threads share passes and prompt prefixes, and LangChain's batch goes through it."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from fly_runtime import GenerationConfig, ModelSettings, get_engine
+from fly_runtime.backends import llama_cpp_backend
+
+pytestmark = pytest.mark.skipif(not llama_cpp_backend.available(), reason="llama-cpp-python is not installed")
+
+# the GGUF target with prompt lookup for drafts: the model the other tests load least (no drafter graph)
+SETTINGS = ModelSettings(precision="gguf", draft=None, max_batch=4)
+QUESTIONS = ["What is 2 + 2? Answer with the number only.", "What is 3 + 4? Answer with the number only.",
+             "What is 10 - 1? Answer with the number only.", "What is 6 * 7? Answer with the number only."]
+ANSWERS = ["4", "7", "9", "42"]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return get_engine(SETTINGS)
+
+
+def test_requests_at_once_are_decoded_together_and_answer_right(engine, chat_ids):
+    assert engine.slots.count == 4
+    passes = engine.slots.passes
+    before_passes, before_rows = passes.passes, passes.rows
+    config = GenerationConfig(mode="ar", max_new_tokens=8)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda q: engine.generate(chat_ids(q), config), QUESTIONS))
+    for result, answer in zip(results, ANSWERS):
+        assert result.text.strip() == answer and result.finish_reason == "stop"
+    rows, runs = passes.rows - before_rows, passes.passes - before_passes
+    assert rows == sum(r.stats.target_forwards for r in results)
+    assert runs < rows  # several requests' rows went through one pass
+
+
+def test_a_request_reuses_the_prompt_another_request_is_reading_from(engine, chat_ids):
+    system = "You are a careful assistant. " * 40  # ~240 tokens every request starts with
+    config = GenerationConfig(mode="ar", max_new_tokens=24)
+    first = engine.stream(chat_ids("Count from 1 to 20, comma separated.", system), config)
+    next(first)  # its prompt is read, and its sequence stays busy while the stream is open
+    second = engine.generate(chat_ids(QUESTIONS[0], system), config)
+    first.close()
+    system_tokens = len(chat_ids("", system)) - 6
+    assert second.stats.cached_tokens >= system_tokens
+    assert second.text.strip() == "4"
+
+
+def test_speculation_gives_way_to_the_other_requests(engine, chat_ids):
+    prompt = chat_ids("Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape.")
+    config = GenerationConfig(mode="exact", max_new_tokens=32)
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _: engine.generate(prompt, config), range(3)))
+    assert all("elderberry" in r.text for r in results), [(r.text, r.stats.cached_tokens, r.stats.new_tokens) for r in results]
+    drafting = [r for r in results if r.stats.drafted_tokens]
+    assert len(drafting) <= 1  # one drafter: the requests beside the drafting one decode plainly
+
+
+def test_langchain_batch_shares_the_engine():
+    from fly_integrations import FlyChatModel
+
+    llm = FlyChatModel(precision="gguf", draft=None, max_batch=4, mode="ar", max_tokens=8)
+    passes = llm.engine().slots.passes
+    before_passes, before_rows = passes.passes, passes.rows
+    replies = llm.batch(QUESTIONS, config={"max_concurrency": 4})
+    assert [r.content.strip() for r in replies] == ANSWERS
+    assert passes.passes - before_passes < passes.rows - before_rows

@@ -1,0 +1,175 @@
+"""Batched decoding without a model: a small arithmetic language model whose cache holds several sequences,
+driven by the real engine, slots and shared passes from several threads at once."""
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from fly_runtime import GenerationConfig
+from fly_runtime.backends.base import CachedSequence
+from fly_runtime.batching import SharedPasses
+from fly_runtime.engine import FlyEngine
+
+
+class ArithmeticLM:
+    """Next-token logits that depend on a sequence's whole cached history (a running hash), so a row computed
+    against the wrong sequence's cells, a missing cell or a misplaced position changes the text."""
+
+    def __init__(self, vocab: int, sequences: int = 4, max_context: int = 4096, fail_on: int | None = None) -> None:
+        self.vocab, self.sequences, self.max_context = vocab, sequences, max_context
+        self.name = "arithmetic"
+        self.cells: dict[int, list[int]] = {s: [] for s in range(sequences)}
+        self.passes: list[int] = []  # parts per pass
+        self.fail_on = fail_on  # a token id whose pass raises (a failing request)
+
+    def _logits(self, history: list[int]) -> torch.Tensor:
+        state = 17
+        for position, token in enumerate(history):
+            state = (state * 31 + token * 7 + position) % 1_000_003
+        logits = torch.zeros(self.vocab)
+        logits[state % self.vocab] = 5.0
+        return logits
+
+    def forward_rows(self, parts):
+        self.passes.append(len(parts))
+        if self.fail_on is not None and any(self.fail_on in ids for _, ids, _ in parts):
+            raise RuntimeError("the pass failed")
+        out = []
+        for seq, ids, keep in parts:
+            rows = []
+            for token in ids:
+                self.cells[seq].append(token)
+                rows.append(self._logits(self.cells[seq]))
+            out.append(torch.stack(rows[-(keep or len(ids)):]))
+        return out
+
+    def crop_sequence(self, seq: int, length: int) -> None:
+        del self.cells[seq][length:]
+
+    def share(self, source: int, target: int, length: int) -> None:
+        self.cells[target] = self.cells[source][:length]
+
+    def forward(self, ids, keep=None):
+        return self.forward_rows([(0, ids, keep)])[0]
+
+    def crop(self, length: int) -> None:
+        self.crop_sequence(0, length)
+
+
+def engine_over(backend, tokenizer) -> FlyEngine:
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return FlyEngine(CachedSequence(backend), tokenizer, None, vocab_size=backend.vocab, eos_token_ids=[eos],
+                     max_context=backend.max_context)
+
+
+PROMPTS = [[5, 6, 7, 8, 9, 10 + n, 11 + n, 12 + n] for n in range(6)]
+CONFIG = GenerationConfig(mode="ar", max_new_tokens=24)
+
+
+def test_requests_at_once_share_passes_and_answer_as_served_alone(tokenizer):
+    one_by_one = engine_over(ArithmeticLM(len(tokenizer), sequences=1), tokenizer)
+    alone = [one_by_one.generate(p, CONFIG).token_ids for p in PROMPTS]
+    lm = ArithmeticLM(len(tokenizer), sequences=4)
+    engine = engine_over(lm, tokenizer)
+    engine.slots.passes.window = 5.0  # each pass waits for every running request: the batching is certain
+    with ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(lambda p: engine.generate(p, CONFIG), PROMPTS))
+    assert [r.token_ids for r in together] == alone
+    assert max(lm.passes) == 4  # four requests decoded in one pass; the other two waited for a sequence
+    assert len(lm.passes) < sum(r.stats.target_forwards for r in together)
+
+
+def test_a_request_starts_from_a_prefix_another_sequence_holds(tokenizer):
+    lm = ArithmeticLM(len(tokenizer), sequences=2)
+    engine = engine_over(lm, tokenizer)
+    system = list(range(20, 60))
+    engine.generate(system + [1, 2], CONFIG)
+    hold = engine.stream(system + [3, 4], CONFIG)  # takes the sequence that holds the system prompt, and keeps it
+    next(hold)
+    shared = engine.generate(system + [5], CONFIG)  # on the other sequence, from the busy one's cells
+    assert shared.stats.cached_tokens == len(system)
+    hold.close()
+    alone = engine_over(ArithmeticLM(len(tokenizer), sequences=1), tokenizer)
+    assert shared.token_ids == alone.generate(system + [5], CONFIG).token_ids
+
+
+def test_a_failing_request_fails_alone(tokenizer):
+    lm = ArithmeticLM(len(tokenizer), sequences=3, fail_on=99)
+    engine = engine_over(lm, tokenizer)
+    engine.slots.passes.window = 5.0
+    prompts = [PROMPTS[0], [5, 6, 99], PROMPTS[1]]
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(engine.generate, p, CONFIG) for p in prompts]
+    with pytest.raises(RuntimeError, match="the pass failed"):
+        futures[1].result()
+    alone = engine_over(ArithmeticLM(len(tokenizer), sequences=1), tokenizer)
+    for i in (0, 2):
+        assert futures[i].result().token_ids == alone.generate(prompts[i], CONFIG).token_ids
+    assert engine.generate(PROMPTS[2], CONFIG).finish_reason in ("stop", "length")  # still serving
+
+
+def test_a_stream_left_open_does_not_hold_up_the_others(tokenizer):
+    lm = ArithmeticLM(len(tokenizer), sequences=2)
+    engine = engine_over(lm, tokenizer)
+    engine.slots.passes.window = 0.05
+    idle = engine.stream(PROMPTS[0], CONFIG)
+    next(idle)  # the caller stops reading: its request holds a sequence but asks for no pass
+    done = engine.generate(PROMPTS[1], CONFIG)  # waits out the window each pass, then runs alone
+    assert done.finish_reason in ("stop", "length")
+    idle.close()
+    assert engine.slots.holding() is False
+
+
+def test_the_cache_budget_admits_requests_that_fit(tokenizer):
+    lm = ArithmeticLM(len(tokenizer), sequences=2, max_context=100)
+    engine = engine_over(lm, tokenizer)
+    config = GenerationConfig(mode="ar", max_new_tokens=40)
+    first = engine.stream(PROMPTS[0], config)
+    next(first)  # holds 8 + 40 + 16 cells of 100
+    started = threading.Event()
+
+    def second() -> None:
+        started.set()
+        engine.generate(PROMPTS[1], config)
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    started.wait()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # 64 + 64 > 100: it waits for the first to finish
+    first.close()
+    waiter.join(10)
+    assert not waiter.is_alive()
+
+
+def test_shared_passes_wait_for_every_running_caller():
+    lm = ArithmeticLM(16, sequences=3)
+    passes = SharedPasses(lm, window=5.0)
+    for _ in range(3):
+        passes.join()
+    results: dict[int, list[int]] = {}
+
+    def decode(seq: int) -> None:
+        token, out = seq + 1, []
+        for _ in range(5):
+            token = int(passes.forward(seq, [token], 1)[0].argmax())
+            out.append(token)
+        results[seq] = out
+        passes.leave()
+
+    threads = [threading.Thread(target=decode, args=(s,)) for s in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert lm.passes == [3] * 5
+    single = ArithmeticLM(16, sequences=1)
+    for seq in range(3):
+        token, expected = seq + 1, []
+        single.cells[0] = []
+        for _ in range(5):
+            token = int(single.forward([token], 1)[0].argmax())
+            expected.append(token)
+        assert results[seq] == expected
