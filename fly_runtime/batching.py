@@ -160,9 +160,10 @@ class SequenceView:
 class Slots:
     """The engine's sequences, one per request it serves at once, taken in arrival order.
 
-    A request takes the free sequence whose cache starts most like its prompt, and if another sequence (busy or
-    free) holds a longer start of it, those cells are shared into its own: an agent's system prompt and tools,
-    or a chat's history, are read once for every request that starts with them. A request is admitted while
+    A request takes a free sequence whose whole cache its prompt continues (its own conversation's last turn),
+    else an empty one, else the one used longest ago; then, if any sequence (busy or free) holds a longer start
+    of its prompt, those cells are shared into its own: an agent's system prompt and tools, or a chat's history,
+    are read once for every request that starts with them, and interleaved conversations keep their caches. A request is admitted while
     the cells reserved by the running ones plus its own (prompt + max_new_tokens) fit the cache; free
     sequences' leftovers are dropped, largest first, to make room.
     """
@@ -181,6 +182,7 @@ class Slots:
         self._reserved: dict[int, int] = {}  # busy sequence -> the cells its request may fill
         self._queue: deque[object] = deque()
         self._holders: dict[int, int] = {}  # thread ident -> sequences it holds
+        self._used_at = [0.0] * len(self.sequences)  # when each sequence's last request ended
 
     @property
     def count(self) -> int:
@@ -205,7 +207,7 @@ class Slots:
             finally:
                 self._queue.remove(ticket)
                 self._cond.notify_all()
-            seq = max(self._free, key=lambda s: self.sequences[s].reusable(prompt))
+            seq = max(self._free, key=lambda s: (self._kept(s, prompt), -self._used_at[s]))
             self._free.remove(seq)
             self._make_room(reserve, seq)
             self._start_from_best_prefix(seq, prompt)
@@ -220,6 +222,7 @@ class Slots:
             self.passes.leave()
         with self._cond:
             del self._reserved[seq]
+            self._used_at[seq] = time.monotonic()
             self._free.append(seq)
             self._hold(-1)
             self._cond.notify_all()
@@ -250,6 +253,12 @@ class Slots:
         self._holders[me] = self._holders.get(me, 0) + change
         if not self._holders[me]:
             del self._holders[me]
+
+    def _kept(self, seq: int, prompt: Sequence[int]) -> int:
+        """How much of a free sequence's cache a request with ``prompt`` keeps: all of it (its length) where the
+        prompt continues it, else -1 (taking it loses something)."""
+        cached = len(self.sequences[seq])
+        return cached if self.sequences[seq].reusable(prompt) == cached else -1
 
     def _fits(self, reserve: int) -> bool:
         return sum(self._reserved.values()) + reserve <= self.capacity or not self._reserved

@@ -69,3 +69,24 @@ def test_langchain_batch_shares_the_engine():
     replies = llm.batch(QUESTIONS, config={"max_concurrency": 4})
     assert [r.content.strip() for r in replies] == ANSWERS
     assert passes.passes - before_passes < passes.rows - before_rows
+
+
+def test_interleaved_conversations_with_the_same_instructions_read_only_their_new_tokens(engine):
+    tokenizer = engine.tokenizer
+    system = "You are a terse calculator. Tools: add(a, b), multiply(a, b). " * 10
+    config = GenerationConfig(mode="ar", max_new_tokens=8)
+
+    def prompt(turns: list[dict]) -> list[int]:
+        return tokenizer.apply_chat_template([{"role": "system", "content": system}, *turns],
+                                             add_generation_prompt=True)
+
+    turns = {"a": [{"role": "user", "content": "What is 2 + 2? Number only."}],
+             "b": [{"role": "user", "content": "What is 5 + 5? Number only."}]}
+    for name in ("a", "b"):
+        turns[name].append({"role": "assistant", "content": engine.generate(prompt(turns[name]), config).text})
+    for name in ("a", "b"):
+        history = len(prompt(turns[name][:1]))
+        turns[name].append({"role": "user", "content": "Now double it. Number only."})
+        follow_up = engine.generate(prompt(turns[name]), config)
+        assert follow_up.stats.cached_tokens >= history  # its first turn and reply stayed cached
+    assert turns["a"][1]["content"].strip() == "4" and turns["b"][1]["content"].strip() == "10"

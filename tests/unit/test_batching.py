@@ -173,3 +173,16 @@ def test_shared_passes_wait_for_every_running_caller():
             token = int(single.forward([token], 1)[0].argmax())
             expected.append(token)
         assert results[seq] == expected
+
+
+def test_interleaved_conversations_each_read_only_their_new_tokens(tokenizer):
+    lm = ArithmeticLM(len(tokenizer), sequences=2)
+    engine = engine_over(lm, tokenizer)
+    system = list(range(20, 80))  # an agent's instructions and tools, the same in both conversations
+    first = {name: system + [opening] for name, opening in (("a", 1), ("b", 2))}
+    answers = {name: engine.generate(prompt, CONFIG) for name, prompt in first.items()}  # a, then b
+    assert answers["b"].stats.cached_tokens == len(system)  # b read the shared instructions from a's cells
+    for name in ("a", "b"):
+        history = first[name] + answers[name].token_ids
+        follow_up = engine.generate(history + [3, 4], CONFIG)
+        assert follow_up.stats.cached_tokens >= len(history) - 1  # all but the reply's last token, never fed
