@@ -9,7 +9,7 @@ from pydantic import AliasChoices, Field, create_model
 from fly_integrations.replies import ReplyRequest
 from fly_runtime import FlyEngine, GenerationConfig, ModelSettings, get_engine
 from fly_runtime.config import REQUEST_SETTINGS
-from fly_runtime.loader import AUTO_DRAFT, DEFAULT_MAX_BATCH, DEFAULT_TARGET
+from fly_runtime.loader import AUTO_DRAFT, DEFAULT_TARGET
 
 # request settings the OpenAI API has fields of its own for; fly's others ride to a server as extra body fields
 OPENAI_FIELDS = ("max_tokens", "temperature", "top_p", "seed")
@@ -50,9 +50,10 @@ class FlyParams(RequestSettings):
                                           "None: prompt lookup only")
     backend: Literal["auto", "torch", "onnx"] = "auto"
     device: str | None = None
-    max_batch: int = Field(default=DEFAULT_MAX_BATCH, ge=1, le=64,
-                           description="requests from this process decoded together in one target pass (a llama.cpp "
-                                       "target; ONNX Runtime and PyTorch targets serve them in turn)")
+    max_batch: int | None = Field(default=None, ge=1, le=64,
+                                  description="requests from this process decoded together in one target pass (a "
+                                              "llama.cpp target; ONNX Runtime and PyTorch targets serve them in "
+                                              "turn); None: as many as pay on this machine, measured once")
     precision: Literal["auto", "fp32", "int8", "int4", "gguf"] = Field(
         default="auto", description="the target's weights: an ONNX Runtime graph (fp32, int8, int4) or the GGUF under "
                                     "llama.cpp (gguf); auto: the fastest that agrees with the model on this machine")

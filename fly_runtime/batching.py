@@ -170,9 +170,10 @@ class Slots:
 
     DRAFT_ROOM = 16  # cells a request may hold beyond its reply for one round's draft
 
-    def __init__(self, target: CachedSequence) -> None:
+    def __init__(self, target: CachedSequence, limit: int | None = None) -> None:
+        """``limit``: sequences used of those the backend holds (None: all)."""
         backend = getattr(target, "backend", None)
-        count = getattr(backend, "sequences", 1)
+        count = min(getattr(backend, "sequences", 1), limit or 64)
         self.passes = SharedPasses(backend) if count > 1 else None
         self.sequences = ([target] if self.passes is None else
                           [CachedSequence(SequenceView(self.passes, s)) for s in range(count)])

@@ -12,7 +12,7 @@ from fly_runtime.errors import FlyError
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
-    from fly_runtime.loader import AUTO_DRAFT, DEFAULT_MAX_BATCH, DEFAULT_TARGET
+    from fly_runtime.loader import AUTO_DRAFT, DEFAULT_TARGET
 
     parser.add_argument("--target", default=DEFAULT_TARGET, help="target model: built-in name, dir, .gguf, Hub id")
     parser.add_argument("--draft", default=AUTO_DRAFT,
@@ -24,8 +24,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", choices=["auto", "fp32", "int8", "int4", "gguf"], default="auto",
                         help="the target on the CPU: an ONNX Runtime graph (fp32, int8, int4), its GGUF under "
                              "llama.cpp (gguf), or auto: the fastest here that agrees with the model")
-    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH,
-                        help="requests decoded together in one target pass (llama.cpp target; others take turns)")
+    parser.add_argument("--max-batch", type=int, default=None,
+                        help="requests decoded together in one target pass (a llama.cpp target; others take turns); "
+                             "default: as many as pay on this machine, measured once")
 
 
 def _add_decoding_args(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
@@ -171,7 +172,13 @@ def cmd_models(args: argparse.Namespace) -> int:
 
         print(f"machine: {machine_id()}")
         for key, record in load_records().items():
-            if key.startswith(machine_id() + "|"):
+            if not key.startswith(machine_id() + "|"):
+                continue
+            if "max_batch" in record:
+                passes = ", ".join(f"{n}: {ms:.0f}" for n, ms in record["ms"].items())
+                print(f"  {record['model']}: decodes up to {record['max_batch']} requests together (auto; one-token "
+                      f"passes over that many requests, ms: {passes}; {record['date']})")
+            else:
                 print(f"  {record['model']}: target precision {record['precision']} (auto; "
                       f"{describe(record['ms'])}; {record['date']})")
         return 0

@@ -155,8 +155,9 @@ class FlyEngine:
         lookup_drafter: Drafter | None = None,
         host_threads: int | None = None,
         draft_name: str | None = None,
+        max_batch: int | None = None,
     ) -> None:
-        self.slots = Slots(target)  # the target's sequences, one per request served at once
+        self.slots = Slots(target, max_batch)  # the target's sequences, one per request served at once
         self.target = self.slots.sequences[0]
         self.tokenizer = tokenizer
         self.drafter = drafter

@@ -14,11 +14,11 @@ from fly_runtime.drafters import Drafter, ModelDrafter, NgramDrafter
 from fly_runtime.engine import FlyEngine
 from fly_runtime.errors import FlyError, IncompatibleModelsError, InvalidSettingsError, ModelIntegrityError
 from fly_runtime.sources import BUILTIN_PAIRS, DEFAULT_PAIR, ResolvedModel, resolve_model
+from fly_runtime.tuning import BATCH_CANDIDATES, choose_batch
 
 BackendName = Literal["auto", "torch", "onnx"]
 DEFAULT_TARGET, DEFAULT_DRAFT = BUILTIN_PAIRS[DEFAULT_PAIR]
 AUTO_DRAFT = "auto"
-DEFAULT_MAX_BATCH = 4  # llama-server's default parallel slots; rows beyond it cost near a step each here
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,13 @@ class ModelSettings:
     # the fastest of them on this machine that keeps the model's choices (fly_runtime/tuning.py); drafter: int4
     precision: str = "auto"
     # requests the target decodes together, each on a sequence of its cache (where the backend holds several:
-    # llama.cpp); the rest wait their turn
-    max_batch: int = DEFAULT_MAX_BATCH
+    # llama.cpp); the rest wait their turn. None: as many as pay on this machine (measured once, tuning.py)
+    max_batch: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_batch, int) or not 1 <= self.max_batch <= 64:
-            raise InvalidSettingsError(f"max_batch must be an integer from 1 to 64, got {self.max_batch!r}")
+        if self.max_batch is not None and (not isinstance(self.max_batch, int) or not 1 <= self.max_batch <= 64):
+            raise InvalidSettingsError(f"max_batch must be an integer from 1 to 64 (or None: measured), got "
+                                       f"{self.max_batch!r}")
 
 
 _engines: dict[ModelSettings, FlyEngine] = {}
@@ -186,7 +187,11 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         drafter = ModelDrafter(draft_sequence, vocab_size)
         cascade = ModelDrafter(draft_sequence, vocab_size, lookup)
     precision = target_precision(settings, target_model, tokenizer) if kind == "onnx" else "fp32"
-    target_backend = _make_backend(target_model, kind, settings.device, precision, settings.max_batch)
+    target_backend = _make_backend(target_model, kind, settings.device, precision,
+                                   settings.max_batch or max(BATCH_CANDIDATES))
+    max_batch = settings.max_batch
+    if max_batch is None and getattr(target_backend, "sequences", 1) > 1:
+        max_batch = choose_batch(target_backend, target_model)
     return FlyEngine(
         CachedSequence(target_backend),
         tokenizer,
@@ -198,6 +203,7 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         lookup_drafter=lookup,
         host_threads=1 if kind == "onnx" else None,
         draft_name=draft_name,
+        max_batch=max_batch,
     )
 
 

@@ -1,4 +1,5 @@
-"""The target's precision for this machine, chosen by measurement once and kept in the cache.
+"""The target's precision, and how many requests it decodes together, for this machine: chosen by measurement
+once and kept in the cache.
 
 ``precision="auto"`` runs the fastest target that still is the model: an ONNX Runtime graph or the GGUF itself
 under llama.cpp. Which decodes fastest depends on the CPU (instruction set, cores, memory bandwidth), so each
@@ -7,7 +8,9 @@ candidate qualifies only where, teacher-forced over a fixed text, its next-token
 model's full-precision weights at least as often as ``AGREEMENT_FLOOR`` (llama.cpp on the same GGUF agrees
 97.9-98.0%; the measurements are in docs/benchmarks.md). Token identity between one-token steps and multi-token passes is measured and reported,
 not required: quantised kernels round one row differently from several, as llama.cpp's and vLLM's do. The
-record lives in ``<cache>/tuning.json``; ``fly models list`` shows it and ``precision=...`` overrides it.
+record lives in ``<cache>/tuning.json``; ``fly models list`` shows it and ``precision=...`` overrides it. Where the
+target's cache holds several sequences (llama.cpp), ``choose_batch`` times one-token passes over 1-8 of them and
+keeps the smallest count near the best throughput (``max_batch=...`` overrides it).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from fly_runtime.sources.cache import cache_dir
-from fly_runtime.timing import pass_seconds
+from fly_runtime.timing import median_seconds, pass_seconds
 
 _CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "asimd",
               "asimddp", "sve")
@@ -227,6 +230,43 @@ def choose_precision(model, tokenizer=None, candidates: tuple[str, ...] | None =
     tmp.write_text(json.dumps(records, indent=2))
     tmp.replace(_records_file())
     print(f"fly: target precision {choice} ({describe(costs)})", file=sys.stderr, flush=True)
+    return choice
+
+
+# ------------------------------------------------------------------------------------------ batch size
+BATCH_CANDIDATES = (1, 2, 4, 8)  # requests decoded together; the largest is what a target is opened with
+BATCH_NEAR_BEST = 0.95  # the smallest batch within this share of the best throughput: latency for nothing else
+
+
+def choose_batch(backend, model, context: int = 64, repeats: int = 3) -> int:
+    """How many requests the target decodes together on this machine: the recorded choice, or (first time) the
+    smallest of ``BATCH_CANDIDATES`` whose one-token passes over that many sequences make at least
+    ``BATCH_NEAR_BEST`` of the best tokens a second, recorded."""
+    key = f"{machine_id()}|{model.key}|batch"
+    record = load_records().get(key)
+    if record is not None and record.get("version") == RECORD_VERSION:
+        return record["max_batch"]
+    sizes = [n for n in BATCH_CANDIDATES if n <= backend.sequences]
+    backend.crop_sequence(0, 0)
+    backend.forward_rows([(0, [100 + i % 300 for i in range(context)], 1)])
+    for seq in range(1, sizes[-1]):
+        backend.share(0, seq, context)
+    def step(n: int) -> None:  # one token on each of n sequences, then back to where they were
+        backend.forward_rows([(seq, [400], 1) for seq in range(n)])
+        for seq in range(n):
+            backend.crop_sequence(seq, context)
+
+    ms = {n: median_seconds(lambda: step(n), repeats, warmup=1) * 1000 for n in sizes}
+    for seq in range(sizes[-1]):
+        backend.crop_sequence(seq, 0)
+    rate = {n: n / ms[n] for n in sizes}
+    choice = min(n for n in sizes if rate[n] >= BATCH_NEAR_BEST * max(rate.values()))
+    records = load_records()
+    records[key] = {"model": model.name, "max_batch": choice, "ms": {str(n): round(ms[n], 1) for n in sizes}, "version": RECORD_VERSION,
+                    "date": time.strftime("%Y-%m-%d")}
+    tmp = _records_file().with_suffix(".tmp")
+    tmp.write_text(json.dumps(records, indent=2))
+    tmp.replace(_records_file())
     return choice
 
 

@@ -186,3 +186,31 @@ def test_interleaved_conversations_each_read_only_their_new_tokens(tokenizer):
         history = first[name] + answers[name].token_ids
         follow_up = engine.generate(history + [3, 4], CONFIG)
         assert follow_up.stats.cached_tokens >= len(history) - 1  # all but the reply's last token, never fed
+
+
+class TimedLM(ArithmeticLM):
+    """Passes that cost what ``cost_ms`` says for their number of parts: a machine's row budget, made up."""
+
+    def __init__(self, cost_ms: dict[int, float]) -> None:
+        super().__init__(16, sequences=8)
+        self.cost_ms = cost_ms
+
+    def forward_rows(self, parts):
+        import time
+
+        time.sleep(self.cost_ms.get(len(parts), 0) / 1000)
+        return super().forward_rows(parts)
+
+
+def test_the_batch_size_is_the_smallest_near_the_best_throughput_and_is_kept(cache):
+    from types import SimpleNamespace
+
+    from fly_runtime.tuning import choose_batch
+
+    model = SimpleNamespace(key="k", name="made-up")
+    lm = TimedLM({1: 20, 2: 21, 4: 80, 8: 160})  # two rows for the price of one; beyond, no gain
+    assert choose_batch(lm, model, context=8, repeats=2) == 2
+    assert all(len(cells) == 0 for cells in lm.cells.values())  # measured, then emptied
+    passes = len(lm.passes)
+    assert choose_batch(lm, model) == 2 and len(lm.passes) == passes  # recorded: not measured again
+    assert choose_batch(TimedLM({1: 20, 2: 22, 4: 24, 8: 30}), SimpleNamespace(key="j", name="m"), 8, 2) == 8
