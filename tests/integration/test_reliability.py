@@ -27,27 +27,51 @@ REQUESTS = [
     ("Write a Python one-liner that sums a list.", "exact"),
     ("What is the capital of Italy?", "ar"),
     ("Translate 'good morning' to German.", "fly"),
-    ("Write a haiku about rain.", "exact"),
+    ("What is the chemical symbol of gold?", "exact"),
     ("Give a synonym for 'fast'.", "fly"),
     ("Write a SQL query selecting all rows of table t.", "ar"),
     ("What does CPU stand for?", "exact"),
 ]
+# what each request's own answer says, whatever near-tie its decoding took (any one of the words)
+OWN = [("red", "blue"), ("sum",), ("rome",), ("guten",), (" au",), ("quick", "rapid", "swift", "speedy"),
+       ("select",), ("central processing",)]
+FP32 = {"precision": "fp32"}  # a target whose kernels compute a row alike in any pass: answers are exact
 
 
-def ask(prompt: str, mode: str) -> str:
-    return FlyChatModel(mode=mode, max_tokens=16).invoke([HumanMessage(prompt)]).content
+def ask(prompt: str, mode: str, **settings) -> str:
+    return FlyChatModel(mode=mode, max_tokens=16, **settings).invoke([HumanMessage(prompt)]).content
+
+
+def assert_own(answers: list[str]) -> None:
+    """Every answer is its own request's (no crossed sequences), decoded beside the others."""
+    for answer, words in zip(answers, OWN, strict=True):
+        assert any(word in answer.lower() for word in words), (answer, words)
 
 
 @pytest.fixture(scope="module")
 def alone():
-    """Each request run by itself: the reference every concurrent run must equal (T=0)."""
+    """Each request run by itself on the default target (the reference after bad input, T=0)."""
     return [ask(p, m) for p, m in REQUESTS]
 
 
+@pytest.fixture(scope="module")
+def alone_fp32():
+    """Each request run by itself on the fp32 target: the reference concurrent runs there must equal."""
+    return [ask(p, m, **FP32) for p, m in REQUESTS]
+
+
 def test_eight_threads_get_their_own_answers(alone):
+    assert_own(alone)
     with ThreadPoolExecutor(max_workers=8) as pool:
         answers = list(pool.map(lambda r: ask(*r), REQUESTS))
-    assert answers == alone
+    assert_own(answers)  # decoded together (batched on the llama.cpp target): a near-tie may go another way
+
+
+def test_eight_threads_get_exactly_the_answers_served_alone_at_fp32(alone_fp32):
+    assert_own(alone_fp32)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(lambda r: ask(*r, **FP32), REQUESTS))
+    assert answers == alone_fp32
 
 
 async def test_eight_asyncio_tasks_get_their_own_answers(alone):
@@ -55,16 +79,16 @@ async def test_eight_asyncio_tasks_get_their_own_answers(alone):
         return (await FlyChatModel(mode=mode, max_tokens=16).ainvoke([HumanMessage(prompt)])).content
 
     answers = await asyncio.gather(*(one(p, m) for p, m in REQUESTS))
-    assert list(answers) == alone
+    assert_own(list(answers))
 
 
-async def test_llama_index_async_tasks_mixed_with_langchain(alone):
+async def test_llama_index_async_tasks_mixed_with_langchain_at_fp32(alone_fp32):
     async def li(prompt: str, mode: str) -> str:
-        return (await FlyLLM(mode=mode, max_tokens=16).acomplete(prompt)).text
+        return (await FlyLLM(mode=mode, max_tokens=16, **FP32).acomplete(prompt)).text
 
     answers = await asyncio.gather(*(li(p, m) for p, m in REQUESTS[:4]),
-                                   asyncio.to_thread(lambda: [ask(p, m) for p, m in REQUESTS[4:]]))
-    assert [*answers[:4], *answers[4]] == alone
+                                   asyncio.to_thread(lambda: [ask(p, m, **FP32) for p, m in REQUESTS[4:]]))
+    assert [*answers[:4], *answers[4]] == alone_fp32
 
 
 def test_abandoned_stream_then_normal_request(alone):

@@ -148,7 +148,8 @@ def test_a_full_queue_answers_429_with_retry_after_and_recovers(server):
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient() as http:
-            return await asyncio.gather(*(one(http) for _ in range(20)))  # 1 served + 16 waiting, the rest refused
+            # up to 8 decoded together (max_batch, measured) + 16 waiting (--queue-depth): the rest refused
+            return await asyncio.gather(*(one(http) for _ in range(32)))
 
     responses = asyncio.run(burst())
     refused = [r for r in responses if r.status_code == 429]
@@ -178,26 +179,29 @@ def test_a_client_that_leaves_mid_stream_frees_the_engine(server):
     assert after.status_code == 200, after.text
 
 
-def test_concurrent_streaming_clients_each_get_the_answer_they_would_get_alone(server):
+def test_concurrent_streaming_clients_each_get_their_own_answer(server):
     """16 clients at once, 32 requests in all (scripts/load_test.py runs the 200 of the README's figure): every
-    answer equals the same request served alone, none is lost, and the server's memory does not grow."""
-    prompts = [f"Name {n} fruits, comma separated." for n in range(2, 10)]
-    alone = {p: _stream_text(server, p) for p in prompts}
+    answer is complete and its own request's, none is lost, and the server's memory does not grow. Decoded
+    together on the llama.cpp target, a near-tie may go another way than alone (docs/design.md, "Batched
+    decoding"), so each question has one right answer to check instead."""
+    sums = [(a, b) for a, b in zip(range(21, 37, 2), range(13, 80, 9))]
+    prompts = {f"What is {a} + {b}? Answer with the number only.": str(a + b) for a, b in sums}
+    assert all(prompts[p] in _stream_text(server, p) for p in prompts)  # alone, each is right
     rss = psutil.Process(server["pid"]).memory_info().rss if server["pid"] else None
 
     async def run() -> list[tuple[str, str]]:
-        todo = list(range(32))
+        todo, questions = list(range(32)), list(prompts)
         results: list[tuple[str, str]] = []
         async with httpx.AsyncClient(timeout=600) as http:
             async def client_loop() -> None:  # one client: its requests one after another
                 while todo:
-                    prompt = prompts[todo.pop() % len(prompts)]
+                    prompt = questions[todo.pop() % len(questions)]
                     results.append((prompt, await _astream_text(http, server, prompt)))
             await asyncio.gather(*(client_loop() for _ in range(16)))
         return results
 
     results = asyncio.run(run())
-    assert len(results) == 32 and all(text == alone[prompt] for prompt, text in results)
+    assert len(results) == 32 and all(prompts[prompt] in text for prompt, text in results), results
     if server["pid"]:
         assert psutil.Process(server["pid"]).memory_info().rss < rss * 1.05
 
