@@ -34,9 +34,9 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
 
+from fly_integrations.messages import chat_message, openai_tool_choice
 from fly_integrations.params import OVERRIDABLE, FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
-from fly_integrations.server.protocol import openai_tool_choice
 from fly_integrations.streaming import aiter_in_thread
 from fly_integrations.tools import normalize_tool_choice, validate_tool_schema
 from fly_runtime import GenerationResult
@@ -329,23 +329,18 @@ def _text_of(content: str | list, index: int) -> str:
 
 def _to_chat_dict(message: BaseMessage, index: int = 0) -> dict[str, Any]:
     content = _text_of(message.content, index)
-    if isinstance(message, SystemMessage):
-        return {"role": "system", "content": content}
-    if isinstance(message, HumanMessage):
-        return {"role": "user", "content": content}
-    if isinstance(message, AIMessage):
-        out: dict[str, Any] = {"role": "assistant", "content": content}
-        if message.tool_calls:
-            out["tool_calls"] = [{"type": "function", "id": c.get("id"),
-                                  "function": {"name": c["name"], "arguments": c["args"]}}
-                                 for c in message.tool_calls]
-        return out
     if isinstance(message, ToolMessage):
         if getattr(message, "status", "success") == "error":
             content = f"Error: {content}"
-        return {"role": "tool", "content": content, "tool_call_id": message.tool_call_id}
+        return chat_message("tool", content, tool_call_id=message.tool_call_id)
+    if isinstance(message, AIMessage):
+        calls = [{"id": c.get("id"), "name": c["name"], "arguments": c["args"]} for c in message.tool_calls]
+        return chat_message("assistant", content, tool_calls=calls)
+    if isinstance(message, SystemMessage):
+        return chat_message("system", content)
+    if isinstance(message, HumanMessage):
+        return chat_message("user", content)
     if isinstance(message, ChatMessage):
-        return {"role": {"human": "user", "ai": "assistant"}.get(message.role, message.role), "content": content}
+        return chat_message(message.role, content)
     raise InvalidPromptError(
-        f"message {index} is a {type(message).__name__}; use System/Human/AI/Tool messages or ChatMessage"
-    )
+        f"message {index} is a {type(message).__name__}; use System/Human/AI/Tool messages or ChatMessage")

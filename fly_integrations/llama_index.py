@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +30,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools import BaseTool
 from pydantic import ConfigDict, Field, PrivateAttr
 
+from fly_integrations.messages import ROLE_NAMES, call_arguments, chat_message
 from fly_integrations.params import FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
 from fly_integrations.streaming import aiter_in_thread
@@ -282,7 +282,7 @@ def _from_remote(response: ChatResponse) -> ChatResponse:
     if calls:
         response.message.additional_kwargs["tool_calls"] = [
             {"id": c.tool_call_id, "name": c.tool_name,
-             "arguments": _arguments(c.tool_kwargs) if isinstance(c.tool_kwargs, str) else c.tool_kwargs}
+             "arguments": _as_object(call_arguments(c.tool_kwargs))}
             for c in calls]
     return response
 
@@ -301,22 +301,11 @@ def _text_of(message: ChatMessage, index: int) -> str:
 
 def _to_chat_dict(message: ChatMessage, index: int) -> dict[str, Any]:
     role = message.role.value if isinstance(message.role, MessageRole) else str(message.role)
-    role = {"model": "assistant", "chatbot": "assistant", "developer": "system", "function": "tool"}.get(role, role)
-    out: dict[str, Any] = {"role": role, "content": _text_of(message, index)}
-    calls = message.additional_kwargs.get("tool_calls")
-    if role == "assistant" and calls:
-        out["tool_calls"] = [{"type": "function", "id": c.get("id"),
-                              "function": {"name": c["name"], "arguments": _arguments(c.get("arguments"))}}
-                             for c in calls]
-    if role == "tool":
-        out["tool_call_id"] = message.additional_kwargs.get("tool_call_id")
-    return out
+    extra = message.additional_kwargs
+    return chat_message(role, _text_of(message, index), tool_calls=extra.get("tool_calls"),
+                        tool_call_id=extra.get("tool_call_id") if ROLE_NAMES.get(role, role) == "tool" else None)
 
 
-def _arguments(value: Any) -> dict:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return {}
-    return value or {}
+def _as_object(arguments: dict[str, Any] | str) -> dict[str, Any]:
+    """LlamaIndex's ToolSelection takes an object: a server's call whose arguments are no JSON object has none."""
+    return arguments if isinstance(arguments, dict) else {}

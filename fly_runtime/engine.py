@@ -67,6 +67,17 @@ class GenerationStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
+    def count_round(self, proposal: Proposal, verdict: Verdict) -> None:
+        """One verified round: its target pass, and its drafts (or the grammar's forced tokens) kept."""
+        self.target_forwards += 1
+        if proposal.forced:
+            self.forced_tokens += verdict.accepted
+            return
+        self.drafter_forwards += proposal.draft.forwards
+        self.drafted_tokens += len(proposal.draft.token_ids)
+        self.native_accepted += verdict.native
+        self.fly_forgiven += verdict.forgiven
+
     def __add__(self, other: "GenerationStats") -> "GenerationStats":
         """Two generations' stats together (one reply that took two), counts and seconds summed."""
         summed = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
@@ -143,20 +154,10 @@ class GenerationStream:
 
 
 class FlyEngine:
-    def __init__(
-        self,
-        target: CachedSequence,
-        tokenizer,
-        drafter: Drafter | None,
-        vocab_size: int,
-        eos_token_ids: Sequence[int],
-        max_context: int,
-        cascade: Drafter | None = None,
-        lookup_drafter: Drafter | None = None,
-        host_threads: int | None = None,
-        draft_name: str | None = None,
-        max_batch: int | None = None,
-    ) -> None:
+    def __init__(self, target: CachedSequence, tokenizer, drafter: Drafter | None, vocab_size: int,
+                 eos_token_ids: Sequence[int], max_context: int, cascade: Drafter | None = None,
+                 lookup_drafter: Drafter | None = None, host_threads: int | None = None,
+                 draft_name: str | None = None, max_batch: int | None = None) -> None:
         self.slots = Slots(target, max_batch)  # the target's sequences, one per request served at once
         self.target = self.slots.sequences[0]
         self.tokenizer = tokenizer
@@ -332,9 +333,8 @@ class FlyEngine:
     def _step(self, request: _Request) -> list[int]:
         """One round: the proposer's draft verified by one target pass, or a plain step; the tokens to commit."""
         context = request.prompt + request.committed
-        forced = request.constraint.forced() if request.constraint is not None else ()
         proposal = request.proposer.propose(context, request.remaining,
-                                            request.checks.strict_leading(len(context)), forced)
+                                            request.checks.strict_leading(len(context)), request.constraint)
         if proposal.plain:
             new, verdict = self._plain_step(context[-1], request), None
         else:
@@ -417,33 +417,20 @@ class FlyEngine:
 
     def _verify(self, proposal: Proposal, context: list[int], request: _Request) -> tuple[list[int], Verdict]:
         """One target pass over the draft: the committed tokens and the verdict."""
-        stats, checks, sampler = request.stats, request.checks, request.sampler
-        masks = None
-        if request.constraint is not None:  # the draft ends where the grammar forbids it
-            masks, allowed = request.constraint.masks_along(proposal.draft.token_ids)
-            proposal.draft = proposal.draft.head(allowed)
-        draft = proposal.draft
-        draft_ids = draft.token_ids
-        target = request.target
+        checks, sampler, target = request.checks, request.sampler, request.target
+        draft_ids = proposal.draft.token_ids
         cached = len(target)  # the target has seen all of context but its last token
         logits = target.extend([context[-1], *draft_ids])[:, : self.vocab_size]
-        if masks is not None:
-            logits = logits.masked_fill(~masks, float("-inf"))
-        stats.target_forwards += 1
+        if proposal.masks is not None:
+            logits = logits.masked_fill(~proposal.masks, float("-inf"))
         ids = torch.tensor(draft_ids, dtype=torch.long)
         strict = checks.strict_positions(len(context), draft_ids)
         if sampler.greedy:
             verdict = verify_greedy(logits, ids, checks.rule, strict, checks.protected)
         else:
-            verdict = verify_sampling(sampler.probs(logits), draft.probs, ids, sampler.generator, checks.rule,
-                                      strict, checks.protected)
-        if proposal.forced:
-            stats.forced_tokens += verdict.accepted
-        else:
-            stats.drafter_forwards += draft.forwards
-            stats.drafted_tokens += len(draft_ids)
-            stats.native_accepted += verdict.native
-            stats.fly_forgiven += verdict.forgiven
+            verdict = verify_sampling(sampler.probs(logits), proposal.draft.probs, ids, sampler.generator,
+                                      checks.rule, strict, checks.protected)
+        request.stats.count_round(proposal, verdict)
         kept = draft_ids[: verdict.accepted]
         # the target keeps context + kept drafts; the new token is fed at the start of the next round
         target.crop(cached + 1 + verdict.accepted)

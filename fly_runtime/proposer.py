@@ -6,15 +6,22 @@ what it is given and reports back. It knows nothing of how drafts are verified.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
 
 from fly_runtime.adaptive import CostProfile, DeferredRead, DraftPolicy
 from fly_runtime.config import GenerationConfig
 from fly_runtime.drafters import Draft, Drafter, DraftShape, NgramDrafter
 from fly_runtime.sampling import Sampler
 from fly_runtime.verify import Verdict
+
+if TYPE_CHECKING:
+    from fly_runtime.constraint import JsonConstraint
 
 
 _FORCED = NgramDrafter()  # the source of forced proposals: stateless, nothing to commit
@@ -39,6 +46,7 @@ class Proposal:
     draft_seconds: float = 0.0  # spent drafting (a model draft; its catch-up read is not part of it)
     by_model: bool = False
     forced: bool = False  # the grammar's forced tokens: no drafter's evidence
+    masks: torch.Tensor | None = None  # [len(draft) + 1, V]: what the grammar allows at each verified position
 
     @property
     def plain(self) -> bool:
@@ -62,10 +70,20 @@ class Proposer:
             self.deferral = DeferredRead(learned.read_share, learned.prefill_per_token)
 
     def propose(self, context: Sequence[int], remaining: int, strict_leading: int,
-                forced: Sequence[int] = ()) -> Proposal:
+                constraint: JsonConstraint | None = None) -> Proposal:
         """This round's proposal for ``context`` with ``remaining`` tokens of budget; the first
-        ``strict_leading`` drafts will be verified exactly. ``forced``: tokens a grammar allows no alternative
-        to from here (object keys, punctuation), proposed as they are: they cost a row each and no drafting."""
+        ``strict_leading`` drafts will be verified exactly. Under a grammar (``constraint``) the tokens it allows
+        no alternative to from here (object keys, punctuation) are proposed as they are, at a row each and no
+        drafting, and any draft ends where the grammar forbids it, with the grammar's masks for verification."""
+        proposal = self._propose(context, remaining, strict_leading,
+                                 constraint.forced() if constraint is not None else ())
+        if constraint is None or proposal.plain:
+            return proposal
+        masks, allowed = constraint.masks_along(proposal.draft.token_ids)
+        return dataclasses.replace(proposal, draft=proposal.draft.head(allowed), masks=masks)
+
+    def _propose(self, context: Sequence[int], remaining: int, strict_leading: int,
+                 forced: Sequence[int]) -> Proposal:
         start = time.perf_counter()
         policy = self.policy
         if policy is not None and forced and remaining > 1:

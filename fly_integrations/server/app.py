@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from fly_integrations.params import FlyParams
 from fly_integrations.prompting import check_messages
 from fly_integrations.replies import ReplyRequest, stream_reply
+from fly_integrations.messages import tool_choice
 from fly_integrations.server import protocol, schema
 from fly_integrations.server.admission import Admission, QueueFull, QueueTimeout
 from fly_integrations.streaming import aiter_in_thread
@@ -231,7 +232,7 @@ async def chat(body: protocol.ChatRequest, request: Request) -> Any:
         messages = _chat_messages(state, body, await request.json())  # checked before the request queues
         reply_request = state.params.reply_request(
             messages, protocol.stops(body.stop), overrides,
-            tools=body.tools, tool_choice=protocol.tool_choice(body.tool_choice),
+            tools=body.tools, tool_choice=tool_choice(body.tool_choice),
             json_schema=protocol.json_schema(body.response_format))
     except FlyError as exc:
         raise _ApiError(400, str(exc), "invalid_request_error") from None

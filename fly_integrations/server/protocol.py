@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from fly_integrations.messages import chat_message
 from fly_integrations.params import OVERRIDABLE
 from fly_integrations.replies import Reply
 from fly_integrations.server import schema
@@ -81,21 +82,15 @@ def stops(stop: str | list[str] | None) -> list[str] | None:
 
 
 def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI chat messages as fly's chat dicts: text parts joined, call arguments parsed from JSON strings."""
+    """OpenAI chat messages as fly's chat dicts (fly_integrations.messages): text parts joined."""
     out = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidPromptError(f"message {i} must be an object with a role and content")
-        converted = {k: v for k, v in message.items() if k in ("role", "content", "tool_call_id", "name")}
-        converted["content"] = _text(message.get("content"), i)
-        if message.get("role") == "developer":
-            converted["role"] = "system"
-        if message.get("role") == "assistant" and message.get("tool_calls"):  # only the assistant calls tools
-            converted["tool_calls"] = [
-                {"type": "function", "id": call.get("id"),
-                 "function": {"name": call["function"]["name"], "arguments": _arguments(call["function"])}}
-                for call in message["tool_calls"]]
-        out.append(converted)
+        calls = [{"id": call.get("id"), "name": call["function"]["name"], "arguments": call["function"].get("arguments")}
+                 for call in message.get("tool_calls") or ()] if message.get("role") == "assistant" else None
+        out.append(chat_message(message.get("role"), _text(message.get("content"), i), tool_calls=calls,
+                                tool_call_id=message.get("tool_call_id"), name=message.get("name")))
     return out
 
 
@@ -111,35 +106,6 @@ def _text(content: Any, index: int) -> str:
             parts.append(part.get("text", ""))
         return "".join(parts)
     raise InvalidPromptError(f"message {index} content must be a string or a list of text parts")
-
-
-def _arguments(function: dict[str, Any]) -> dict[str, Any] | str:
-    """A call's arguments as an object; text that is no JSON object is kept as it was written (OpenAI's API takes
-    any text there, and a model's malformed call in the history is still what it said)."""
-    arguments = function.get("arguments") or "{}"
-    if isinstance(arguments, dict):
-        return arguments
-    try:
-        parsed = json.loads(arguments)
-    except json.JSONDecodeError:
-        return arguments
-    return parsed if isinstance(parsed, dict) else arguments
-
-
-def tool_choice(choice: str | dict[str, Any] | None) -> str | None:
-    """OpenAI's tool_choice as fly's: 'required' -> 'any', a named function -> its name."""
-    if isinstance(choice, dict):
-        return (choice.get("function") or {}).get("name")
-    return "any" if choice == "required" else choice
-
-
-def openai_tool_choice(choice: Any) -> Any:
-    """fly's tool_choice as OpenAI's: 'any' -> 'required', a tool's name -> that function."""
-    if choice == "any":
-        return "required"
-    if isinstance(choice, str) and choice not in ("auto", "none", "required"):
-        return {"type": "function", "function": {"name": choice}}
-    return choice
 
 
 def json_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:

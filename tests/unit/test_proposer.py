@@ -45,12 +45,36 @@ def test_beside_a_fast_target_only_prompt_lookup_drafts_and_without_probabilitie
     assert nothing_to_copy.plain
 
 
+class Grammar:
+    """A grammar that forces ``forced`` from here and allows drafts while they stay below ``stop``."""
+
+    def __init__(self, forced: list[int], stop: int = 10**9, vocab: int = 64) -> None:
+        self._forced, self.stop, self.vocab = forced, stop, vocab
+
+    def forced(self) -> list[int]:
+        return self._forced
+
+    def masks_along(self, draft_ids):
+        allowed = next((i for i, t in enumerate(draft_ids) if t >= self.stop), len(draft_ids))
+        return torch.ones(allowed + 1, self.vocab, dtype=torch.bool), allowed
+
+
 def test_forced_tokens_are_proposed_as_they_are_and_teach_the_policy_nothing():
     propose = proposer("exact", Learned(plain_step=0.059, costs=FAST_TARGET), NgramDrafter())
-    forced = propose.propose(CONTEXT, 20, 0, forced=[40, 41, 42])
+    forced = propose.propose(CONTEXT, 20, 0, Grammar([40, 41, 42]))
     assert forced.forced and forced.draft.token_ids == [40, 41, 42] and not forced.plain
+    assert forced.masks is not None and forced.masks.shape[0] == 4  # one mask a verified position
     propose.record(forced, Verdict(accepted=3, next_token=3, native=3, forgiven=0, matched=3), 4)
     assert propose.lookup_rounds == 0 and propose.policy.rounds == 0
-    assert propose.propose(CONTEXT, 3, 0, forced=[40, 41, 42]).draft.token_ids == [40, 41]  # the budget holds
+    assert propose.propose(CONTEXT, 3, 0, Grammar([40, 41, 42])).draft.token_ids == [40, 41]  # the budget holds
     # plain decoding stays plain: `ar` is the baseline, so a grammar's forced tokens are decoded one by one
-    assert proposer("ar", Learned(plain_step=0.05), NgramDrafter()).propose(CONTEXT, 20, 0, forced=[40]).plain
+    assert proposer("ar", Learned(plain_step=0.05), NgramDrafter()).propose(CONTEXT, 20, 0, Grammar([40])).plain
+
+
+def test_a_draft_ends_where_the_grammar_forbids_it():
+    propose = proposer("exact", Learned(plain_step=0.059, costs=FAST_TARGET), NgramDrafter())
+    free = propose.propose(CONTEXT, 20, 0)
+    assert free.draft.token_ids[:2] == [8, 9] and free.masks is None  # lookup copies "8 9 ..."
+    cut = proposer("exact", Learned(plain_step=0.059, costs=FAST_TARGET), NgramDrafter()).propose(
+        CONTEXT, 20, 0, Grammar([], stop=9))
+    assert cut.draft.token_ids == [8] and cut.masks.shape[0] == 2

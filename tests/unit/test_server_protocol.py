@@ -42,8 +42,6 @@ def test_settings_fields_and_formats_translate():
     with pytest.raises(InvalidPromptError, match="logprobs"):
         protocol.overrides(protocol.ChatRequest(messages=[], logprobs=True))
     assert protocol.overrides(protocol.ChatRequest(messages=[], window=3.0))["window"] == 3  # JSON's integer
-    assert protocol.tool_choice("required") == "any"
-    assert protocol.tool_choice({"type": "function", "function": {"name": "f"}}) == "f"
     assert protocol.json_schema({"type": "json_object"}) == {}
     assert protocol.json_schema({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}) \
         == {"type": "object"}

@@ -1,0 +1,61 @@
+"""Chat messages as fly reads them, whoever sends them: LangChain's and LlamaIndex's message objects and the
+OpenAI messages `fly serve` receives all become the same dicts here, by one set of rules (role names, tool
+calls and their arguments, tool results), and tool_choice is spelled once for each side.
+
+Each caller only takes the text out of its own content blocks, which differ by framework."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# other frameworks' and APIs' names for the chat roles fly's templates know (system, user, assistant, tool)
+ROLE_NAMES = {"human": "user", "ai": "assistant", "model": "assistant", "chatbot": "assistant",
+              "developer": "system", "function": "tool"}
+
+
+def chat_message(role: str, content: str, *, tool_calls: list[dict[str, Any]] | None = None,
+                 tool_call_id: str | None = None, name: str | None = None) -> dict[str, Any]:
+    """One chat message. ``tool_calls``: the calls an assistant message made, each ``{"id", "name",
+    "arguments"}`` (arguments as an object or as the text the model wrote); another role's are not read."""
+    role = ROLE_NAMES.get(role, role)
+    message: dict[str, Any] = {"role": role, "content": content}
+    if role == "assistant" and tool_calls:
+        message["tool_calls"] = [{"type": "function", "id": call.get("id"),
+                                  "function": {"name": call["name"], "arguments": call_arguments(call.get("arguments"))}}
+                                 for call in tool_calls]
+    if tool_call_id is not None:
+        message["tool_call_id"] = tool_call_id
+    if name is not None:
+        message["name"] = name
+    return message
+
+
+def call_arguments(arguments: Any) -> dict[str, Any] | str:
+    """A call's arguments as an object. Text that is no JSON object stays the text the model wrote: OpenAI's API
+    takes any text there, and a malformed call in the history is still what the model said."""
+    if not arguments:
+        return {}
+    if not isinstance(arguments, str):
+        return arguments
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments
+
+
+def tool_choice(choice: str | dict[str, Any] | None) -> str | None:
+    """OpenAI's tool_choice as fly's: 'required' -> 'any', a named function -> its name."""
+    if isinstance(choice, dict):
+        return (choice.get("function") or {}).get("name")
+    return "any" if choice == "required" else choice
+
+
+def openai_tool_choice(choice: Any) -> Any:
+    """fly's tool_choice as OpenAI's: 'any' -> 'required', a tool's name -> that function."""
+    if choice == "any":
+        return "required"
+    if isinstance(choice, str) and choice not in ("auto", "none", "required"):
+        return {"type": "function", "function": {"name": choice}}
+    return choice
