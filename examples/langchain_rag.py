@@ -11,14 +11,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from langchain_core.documents import Document
-from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import Runnable, RunnablePassthrough
 from langchain_core.vectorstores import InMemoryVectorStore
+from langchain_huggingface import HuggingFaceEmbeddings
 
-from examples.corpus import load_documents, sentence_model
+from examples.corpus import embedding_model_path, load_documents
 from fly_integrations import FlyChatModel
 
 PROMPT = ChatPromptTemplate.from_messages([
@@ -27,19 +27,15 @@ PROMPT = ChatPromptTemplate.from_messages([
 ])
 
 
-class MiniLMEmbeddings(Embeddings):
-    """LangChain embeddings backed by the bundled all-MiniLM-L6-v2 sentence-transformers model."""
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        return sentence_model().encode(texts, normalize_embeddings=True).tolist()
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
+def embeddings() -> HuggingFaceEmbeddings:
+    """LangChain's Hugging Face integration (langchain-huggingface) over the bundled all-MiniLM-L6-v2."""
+    return HuggingFaceEmbeddings(model_name=embedding_model_path(), model_kwargs={"device": "cpu"},
+                                 encode_kwargs={"normalize_embeddings": True})
 
 
 def build_chain(llm: BaseChatModel | None = None, k: int = 2) -> Runnable:
     docs = [Document(page_content=text, metadata={"source": name}) for name, text in load_documents().items()]
-    retriever = InMemoryVectorStore.from_documents(docs, MiniLMEmbeddings()).as_retriever(search_kwargs={"k": k})
+    retriever = InMemoryVectorStore.from_documents(docs, embeddings()).as_retriever(search_kwargs={"k": k})
 
     def join(found: list[Document]) -> str:
         return "\n\n".join(f"[{d.metadata['source']}]\n{d.page_content}" for d in found)

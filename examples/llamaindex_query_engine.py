@@ -11,36 +11,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from llama_index.core import Document, VectorStoreIndex
-from llama_index.core.embeddings import BaseEmbedding
+from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 
-from examples.corpus import load_documents, sentence_model
+from examples.corpus import embedding_model_path, load_documents
 from fly_integrations import FlyLLM
 
 
-class MiniLMEmbedding(BaseEmbedding):
-    """LlamaIndex embeddings backed by the bundled all-MiniLM-L6-v2 sentence-transformers model."""
-
-    model_name: str = "all-MiniLM-L6-v2"
-
-    def _embed(self, texts: list[str]) -> list[list[float]]:
-        return sentence_model().encode(texts, normalize_embeddings=True).tolist()
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._embed([text])[0]
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._embed(texts)
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._embed([query])[0]
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
+def embedding() -> HuggingFaceEmbedding:
+    """LlamaIndex's Hugging Face integration (llama-index-embeddings-huggingface) over the bundled all-MiniLM-L6-v2."""
+    return HuggingFaceEmbedding(model_name=embedding_model_path(), device="cpu", normalize=True)
 
 
 def build_index() -> VectorStoreIndex:
     docs = [Document(text=text, metadata={"source": name}) for name, text in load_documents().items()]
-    return VectorStoreIndex.from_documents(docs, embed_model=MiniLMEmbedding())
+    return VectorStoreIndex.from_documents(docs, embed_model=embedding())
 
 
 def main() -> None:

@@ -44,10 +44,34 @@ from fly_runtime.errors import InvalidPromptError
 
 
 class FlyChatModel(FlyParams, BaseChatModel):
-    """A local chat model decoded with FLy speculative decoding.
+    """A local chat model decoded with FLy speculative decoding: a drop-in LangChain ``BaseChatModel``.
 
-    Weights load on first use and are shared by every instance (and every ``FlyLLM``) with the same
-    target / draft / backend / device.
+    Setup: ``pip install fly-integrations`` and ``fly models fetch`` (the default pair, once). Weights load on
+    first use and are shared by every instance (and every ``FlyLLM``) with the same model settings.
+
+    Instantiate::
+
+        from fly_integrations import FlyChatModel
+        llm = FlyChatModel(max_tokens=256, temperature=0)   # settings: see the README's table
+
+    Invoke, stream, batch and async::
+
+        llm.invoke("Name three primary colours.").content
+        for chunk in llm.stream("Write a haiku about rain."): print(chunk.content, end="")
+        llm.batch(["2 + 2?", "3 + 3?"])                      # decoded together on a llama.cpp target
+        await llm.ainvoke("Hello")                           # never blocks the event loop
+
+    Tool calling (``tool_choice`` is honoured: "auto", "any", "none" or a tool's name)::
+
+        llm.bind_tools([get_weather]).invoke("Weather in Oslo?").tool_calls
+
+    Structured output (decoded under the schema's grammar)::
+
+        llm.with_structured_output(Person).invoke("Alice is 31.")   # -> Person(name="Alice", age=31)
+
+    A server instead of local weights: ``FlyChatModel(base_url="http://127.0.0.1:8000/v1")`` (``fly serve``).
+    Every reply's ``response_metadata`` holds its decoding statistics (``mean_accepted``: tokens a target pass,
+    ``cached_tokens``, ``tokens_per_second``, ...) beside the finish reason and the models that served it.
     """
 
     # an unknown keyword is an error, not silently dropped (FlyChatModel(modle=...) would load the default pair)

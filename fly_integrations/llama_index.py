@@ -40,9 +40,28 @@ from fly_runtime.errors import InvalidPromptError
 
 
 class FlyLLM(FlyParams, FunctionCallingLLM):
-    """A local LLM decoded with FLy speculative decoding, for query engines, chat engines and agents.
+    """A local LLM decoded with FLy speculative decoding, for query engines, chat engines and agents: a
+    LlamaIndex ``FunctionCallingLLM``.
 
-    Shares loaded weights with every ``FlyChatModel`` / ``FlyLLM`` that has the same model settings.
+    Setup: ``pip install fly-integrations`` and ``fly models fetch`` (the default pair, once). Shares loaded
+    weights with every ``FlyChatModel`` / ``FlyLLM`` that has the same model settings.
+
+    Use it where LlamaIndex takes an LLM::
+
+        from llama_index.core import Settings
+        from fly_integrations import FlyLLM
+        Settings.llm = FlyLLM(max_tokens=256)
+        index.as_query_engine().query("What does the report say about costs?")
+
+    Complete, chat, stream and async::
+
+        FlyLLM().complete("Name three primary colours.").text
+        for r in FlyLLM().stream_chat([ChatMessage(role="user", content="Hi")]): print(r.delta, end="")
+        await FlyLLM().acomplete("Hello")        # concurrent calls decode together on a llama.cpp target
+
+    Tools and structured output: ``predict_and_call`` / ``FunctionAgent`` with ``FunctionTool`` s, and
+    ``structured_predict(Model, prompt)`` (decoded under the schema's grammar). A server instead of local
+    weights: ``FlyLLM(base_url="http://127.0.0.1:8000/v1")`` (``fly serve``).
     """
 
     model_config = ConfigDict(extra="forbid")  # an unknown keyword is an error, not silently dropped
