@@ -34,7 +34,7 @@ from fly_runtime.sampling import Sampler
 from fly_runtime.spans import ExactSpans
 from fly_runtime.text import StopTextStream
 from fly_runtime.timing import median_seconds, pass_seconds
-from fly_runtime.verify import FlyRule, Verdict, verify_greedy, verify_sampling
+from fly_runtime.verify import FlyRule, Verdict, verify
 
 
 @dataclass
@@ -425,11 +425,7 @@ class FlyEngine:
             logits = logits.masked_fill(~proposal.masks, float("-inf"))
         ids = torch.tensor(draft_ids, dtype=torch.long)
         strict = checks.strict_positions(len(context), draft_ids)
-        if sampler.greedy:
-            verdict = verify_greedy(logits, ids, checks.rule, strict, checks.protected)
-        else:
-            verdict = verify_sampling(sampler.probs(logits), proposal.draft.probs, ids, sampler.generator,
-                                      checks.rule, strict, checks.protected)
+        verdict = verify(logits, ids, sampler, checks.rule, strict, checks.protected, proposal.draft.probs)
         request.stats.count_round(proposal, verdict)
         kept = draft_ids[: verdict.accepted]
         # the target keeps context + kept drafts; the new token is fed at the start of the next round

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fly_runtime.sampling import Sampler
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -90,17 +92,14 @@ def verify_greedy(target_logits: torch.Tensor, draft_ids: torch.Tensor, rule: Fl
     k = _check_shapes(target_logits, draft_ids)
     target_ids = target_logits.argmax(dim=-1)
     native = (target_ids[:k] == draft_ids).tolist()
-    if rule is None:
-        forgivable = [False] * k
-        window = 0
-    else:
+
+    def plausible(rule: FlyRule) -> torch.Tensor:
         log_probs = torch.log_softmax(target_logits[:k].float(), dim=-1)
         entropy = topk_entropy(log_probs, rule.entropy_top_k)
         draft_vs_top = (log_probs[torch.arange(k), draft_ids] - log_probs.max(dim=-1).values).exp()
-        plausible = (entropy >= rule.entropy_threshold) & (draft_vs_top >= rule.min_prob_ratio)
-        forgivable = _guarded(plausible, draft_ids, target_ids[:k], strict, protected)
-        window = rule.window
-    accepted, forgiven = kept_prefix(native, forgivable, window)
+        return (entropy >= rule.entropy_threshold) & (draft_vs_top >= rule.min_prob_ratio)
+
+    accepted, forgiven = _kept(native, rule, plausible, draft_ids, target_ids[:k], strict, protected)
     return Verdict(accepted, int(target_ids[accepted]), accepted - forgiven, forgiven, _leading(native))
 
 
@@ -129,16 +128,14 @@ def verify_sampling(
     q_draft = draft_probs[rows, draft_ids] if draft_probs is not None else torch.ones(k, dtype=target_probs.dtype)
     uniform = torch.rand(k, generator=generator, dtype=torch.float64)
     native = (uniform * q_draft.double() < p_draft.double()).tolist()
-    if rule is None:
-        forgivable = [False] * k
-        window = 0
-    else:
+
+    def plausible(rule: FlyRule) -> torch.Tensor:
         entropy = topk_entropy(torch.log(target_probs[:k].double().clamp_min(1e-300)), rule.entropy_top_k)
         top = target_probs[:k].max(dim=-1).values
-        plausible = (entropy >= rule.entropy_threshold) & (p_draft > 0) & (p_draft >= rule.min_prob_ratio * top)
-        forgivable = _guarded(plausible, draft_ids, target_probs[:k].argmax(dim=-1), strict, protected)
-        window = rule.window
-    accepted, forgiven = kept_prefix(native, forgivable, window)
+        return (entropy >= rule.entropy_threshold) & (p_draft > 0) & (p_draft >= rule.min_prob_ratio * top)
+
+    accepted, forgiven = _kept(native, rule, plausible, draft_ids, target_probs[:k].argmax(dim=-1), strict,
+                               protected)
     if accepted == k:
         dist = target_probs[k]
     else:
@@ -150,6 +147,28 @@ def verify_sampling(
         dist = residual if residual.sum() > 0 else target_probs[accepted]
     next_token = int(torch.multinomial(dist.double(), 1, generator=generator))
     return Verdict(accepted, next_token, accepted - forgiven, forgiven, _leading(native))
+
+
+def verify(target_logits: torch.Tensor, draft_ids: torch.Tensor, sampler: Sampler, rule: FlyRule | None = None,
+           strict: Sequence[bool] | None = None, protected: torch.Tensor | None = None,
+           draft_probs: torch.Tensor | None = None) -> Verdict:
+    """The one entry, as vLLM's ``rejection_sample``: a round's target logits [K+1, V] against its K drafts,
+    greedy verification where ``sampler`` is greedy, speculative sampling from its distribution otherwise
+    (``draft_probs``: the drafter's, None for a deterministic proposal)."""
+    if sampler.greedy:
+        return verify_greedy(target_logits, draft_ids, rule, strict, protected)
+    return verify_sampling(sampler.probs(target_logits), draft_probs, draft_ids, sampler.generator, rule, strict,
+                           protected)
+
+
+def _kept(native: list[bool], rule: FlyRule | None, plausible, draft_ids: torch.Tensor, target_ids: torch.Tensor,
+          strict: Sequence[bool] | None, protected: torch.Tensor | None) -> tuple[int, int]:
+    """The kept prefix and how many of it FLy forgave: exact matching where ``rule`` is None, else mismatches
+    ``plausible(rule)`` marks and the guards leave forgivable, each with its window of native matches."""
+    if rule is None:
+        return kept_prefix(native, [False] * len(native), 0)
+    forgivable = _guarded(plausible(rule), draft_ids, target_ids, strict, protected)
+    return kept_prefix(native, forgivable, rule.window)
 
 
 def _guarded(plausible: torch.Tensor, draft_ids: torch.Tensor, target_ids: torch.Tensor,

@@ -2,6 +2,7 @@
 driven by the real engine, slots and shared passes from several threads at once."""
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -23,6 +24,7 @@ class ArithmeticLM:
         self.cells: dict[int, list[int]] = {s: [] for s in range(sequences)}
         self.passes: list[int] = []  # parts per pass
         self.fail_on = fail_on  # a token id whose pass raises (a failing request)
+        self.before_pass = lambda: None  # a test's hook, run before every pass
 
     def _logits(self, history: list[int]) -> torch.Tensor:
         state = 17
@@ -33,6 +35,7 @@ class ArithmeticLM:
         return logits
 
     def forward_rows(self, parts):
+        self.before_pass()
         self.passes.append(len(parts))
         if self.fail_on is not None and any(self.fail_on in ids for _, ids, _ in parts):
             raise RuntimeError("the pass failed")
@@ -74,6 +77,8 @@ def test_requests_at_once_share_passes_and_answer_as_served_alone(tokenizer):
     lm = ArithmeticLM(len(tokenizer), sequences=4)
     engine = engine_over(lm, tokenizer)
     engine.slots.passes.window = 5.0  # each pass waits for every running request: the batching is certain
+    # a pass takes 20 ms, as a real one does: the first request cannot finish before the others have started
+    lm.before_pass = lambda: time.sleep(0.02)
     with ThreadPoolExecutor(6) as pool:
         together = list(pool.map(lambda p: engine.generate(p, CONFIG), PROMPTS))
     assert [r.token_ids for r in together] == alone

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fly_runtime.sampling import Sampler
-from fly_runtime.verify import FlyRule, kept_prefix, topk_entropy, verify_greedy, verify_sampling
+from fly_runtime.verify import FlyRule, kept_prefix, topk_entropy, verify, verify_greedy, verify_sampling
 
 V = 16
 
@@ -290,3 +290,17 @@ def test_extreme_sampling_settings_give_a_distribution_not_nan(temperature, top_
     assert not torch.isnan(probs).any()
     assert torch.allclose(probs.sum(-1), torch.ones(2))
     assert (probs.argmax(-1) == logits.argmax(-1)).all() and (probs.max(-1).values > 0.99).all()
+
+
+def test_the_one_entry_verifies_greedily_or_by_sampling_as_its_sampler_decodes():
+    torch.manual_seed(3)
+    logits, drafts = torch.randn(5, 12) * 3, torch.tensor([1, 4, 7, 2])
+    rule = FlyRule(window=1, entropy_threshold=0.0, min_prob_ratio=0.0)
+    greedy = Sampler(0.0, 0, 1.0, torch.Generator())
+    assert verify(logits, drafts, greedy, rule) == verify_greedy(logits, drafts, rule)
+    assert verify(logits, drafts, greedy) == verify_greedy(logits, drafts)
+    hot = Sampler(0.8, 0, 1.0, torch.Generator().manual_seed(11))
+    by_entry = verify(logits, drafts, hot, rule)
+    by_hand = verify_sampling(Sampler(0.8, 0, 1.0, torch.Generator()).probs(logits), None, drafts,
+                              torch.Generator().manual_seed(11), rule)
+    assert by_entry == by_hand
