@@ -180,7 +180,7 @@ def test_a_client_that_leaves_mid_stream_frees_the_engine(server):
 
 
 def test_concurrent_streaming_clients_each_get_their_own_answer(server):
-    """16 clients at once, 32 requests in all (scripts/load_test.py runs the 200 of the README's figure): every
+    """16 clients at once, 32 requests in all (scripts/load_test.py runs the 200 of docs/benchmarks.md): every
     answer is complete and its own request's, none is lost, and the server's memory does not grow. Decoded
     together on the llama.cpp target, a near-tie may go another way than alone (docs/design.md, "Batched
     decoding"), so each question has one right answer to check instead."""
