@@ -21,9 +21,10 @@ def chat_message(role: str, content: str, *, tool_calls: list[dict[str, Any]] | 
     role = ROLE_NAMES.get(role, role)
     message: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant" and tool_calls:
-        message["tool_calls"] = [{"type": "function", "id": call.get("id"),
-                                  "function": {"name": call["name"], "arguments": call_arguments(call.get("arguments"))}}
-                                 for call in tool_calls]
+        message["tool_calls"] = [
+            {"type": "function", "id": call.get("id"),
+             "function": {"name": call["name"], "arguments": call_arguments(call.get("arguments"))}}
+            for call in tool_calls]
     if tool_call_id is not None:
         message["tool_call_id"] = tool_call_id
     if name is not None:

@@ -22,10 +22,10 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from fly_integrations.messages import tool_choice
 from fly_integrations.params import FlyParams
 from fly_integrations.prompting import check_messages
 from fly_integrations.replies import ReplyRequest, stream_reply
-from fly_integrations.messages import tool_choice
 from fly_integrations.server import protocol, schema
 from fly_integrations.server.admission import Admission, QueueFull, QueueTimeout
 from fly_integrations.streaming import aiter_in_thread

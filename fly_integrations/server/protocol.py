@@ -87,8 +87,10 @@ def chat_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise InvalidPromptError(f"message {i} must be an object with a role and content")
-        calls = [{"id": call.get("id"), "name": call["function"]["name"], "arguments": call["function"].get("arguments")}
-                 for call in message.get("tool_calls") or ()] if message.get("role") == "assistant" else None
+        calls = None
+        if message.get("role") == "assistant":  # only the assistant calls tools
+            calls = [{"id": call.get("id"), "name": call["function"]["name"],
+                      "arguments": call["function"].get("arguments")} for call in message.get("tool_calls") or ()]
         out.append(chat_message(message.get("role"), _text(message.get("content"), i), tool_calls=calls,
                                 tool_call_id=message.get("tool_call_id"), name=message.get("name")))
     return out
