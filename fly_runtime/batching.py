@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from fly_runtime.backends.base import CachedSequence
+from fly_runtime.backends.base import CachedSequence, common_prefix
 
 
 class MultiSequenceBackend(Protocol):
@@ -210,7 +210,7 @@ class Slots:
                 self._cond.notify_all()
             seq = max(self._free, key=lambda s: (self._kept(s, prompt), -self._used_at[s]))
             self._free.remove(seq)
-            self._make_room(reserve, seq)
+            self._make_room(reserve)
             self._start_from_best_prefix(seq, prompt)
             self._reserved[seq] = reserve
             self._hold(+1)
@@ -264,7 +264,7 @@ class Slots:
     def _fits(self, reserve: int) -> bool:
         return sum(self._reserved.values()) + reserve <= self.capacity or not self._reserved
 
-    def _make_room(self, reserve: int, taken: int) -> None:
+    def _make_room(self, reserve: int) -> None:
         """Drop free sequences' cached cells, largest first, until the reservations and leftovers fit."""
         others = sorted(self._free, key=lambda s: -len(self.sequences[s]))
         used = sum(self._reserved.values()) + reserve + sum(len(self.sequences[s]) for s in others)
@@ -284,17 +284,11 @@ class Slots:
         with self.passes.idle():
             best, length = seq, len(own)
             for other in range(self.count):
-                common = _common_prefix(list(self.sequences[other].ids), prompt)
+                # a snapshot: a busy sequence's request may shrink its ids meanwhile
+                common = common_prefix(list(self.sequences[other].ids), prompt)
                 if other != seq and common > length:
                     best, length = other, common
             if best != seq:
                 self.passes.backend.share(best, seq, length)
                 own.ids = list(prompt[:length])
 
-
-def _common_prefix(cached: Sequence[int], prompt: Sequence[int]) -> int:
-    limit = min(len(cached), len(prompt) - 1)
-    common = 0
-    while common < limit and cached[common] == prompt[common]:
-        common += 1
-    return common

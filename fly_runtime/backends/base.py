@@ -56,11 +56,7 @@ class CachedSequence:
 
     def reusable(self, context: Sequence[int]) -> int:
         """How many cached positions hold the start of ``context[:-1]`` (its last id is always fed anew)."""
-        limit = min(len(self.ids), len(context) - 1)
-        common = 0
-        while common < limit and self.ids[common] == context[common]:
-            common += 1
-        return common
+        return common_prefix(self.ids, context)
 
     def crop_to_prefix(self, context: Sequence[int]) -> list[int]:
         """Crop the cache to its longest common prefix with ``context[:-1]``; return the ids still to feed.
@@ -71,3 +67,12 @@ class CachedSequence:
         common = self.reusable(context)
         self.crop(common)
         return list(context[common:])
+
+
+def common_prefix(cached: Sequence[int], context: Sequence[int]) -> int:
+    """How many of ``cached`` hold the start of ``context[:-1]`` (its last id is always fed anew)."""
+    limit = min(len(cached), len(context) - 1)
+    common = 0
+    while common < limit and cached[common] == context[common]:
+        common += 1
+    return common
