@@ -192,6 +192,15 @@ def load_records() -> dict:
         return {}
 
 
+def _record(key: str, record: dict) -> None:
+    """Keep ``record`` (dated, of this rule's version) under ``key`` in tuning.json, replacing the file whole."""
+    records = load_records()
+    records[key] = record | {"version": RECORD_VERSION, "date": time.strftime("%Y-%m-%d")}
+    tmp = _records_file().with_suffix(".tmp")
+    tmp.write_text(json.dumps(records, indent=2))
+    tmp.replace(_records_file())
+
+
 def recorded_precision(model_key: str) -> dict | None:
     return load_records().get(f"{machine_id()}|{model_key}")
 
@@ -222,13 +231,7 @@ def choose_precision(model, tokenizer=None, candidates: tuple[str, ...] | None =
     choice = pick(costs)
     if choice not in costs:  # nothing quantised qualified: the full-precision graph, timed for the record
         costs[choice] = measure(open_target(model, choice))
-    records = load_records()
-    records[f"{machine_id()}|{model.key}"] = {"model": model.name, "precision": choice, "ms": costs,
-                                              "version": RECORD_VERSION,
-                                              "date": time.strftime("%Y-%m-%d")}
-    tmp = _records_file().with_suffix(".tmp")
-    tmp.write_text(json.dumps(records, indent=2))
-    tmp.replace(_records_file())
+    _record(f"{machine_id()}|{model.key}", {"model": model.name, "precision": choice, "ms": costs})
     print(f"fly: target precision {choice} ({describe(costs)})", file=sys.stderr, flush=True)
     return choice
 
@@ -251,6 +254,7 @@ def choose_batch(backend, model, context: int = 64, repeats: int = 3) -> int:
     backend.forward_rows([(0, [100 + i % 300 for i in range(context)], 1)])
     for seq in range(1, sizes[-1]):
         backend.share(0, seq, context)
+
     def step(n: int) -> None:  # one token on each of n sequences, then back to where they were
         backend.forward_rows([(seq, [400], 1) for seq in range(n)])
         for seq in range(n):
@@ -261,12 +265,7 @@ def choose_batch(backend, model, context: int = 64, repeats: int = 3) -> int:
         backend.crop_sequence(seq, 0)
     rate = {n: n / ms[n] for n in sizes}
     choice = min(n for n in sizes if rate[n] >= BATCH_NEAR_BEST * max(rate.values()))
-    records = load_records()
-    records[key] = {"model": model.name, "max_batch": choice, "ms": {str(n): round(ms[n], 1) for n in sizes}, "version": RECORD_VERSION,
-                    "date": time.strftime("%Y-%m-%d")}
-    tmp = _records_file().with_suffix(".tmp")
-    tmp.write_text(json.dumps(records, indent=2))
-    tmp.replace(_records_file())
+    _record(key, {"model": model.name, "max_batch": choice, "ms": {str(n): round(ms[n], 1) for n in sizes}})
     return choice
 
 
