@@ -30,7 +30,7 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools import BaseTool
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from fly_integrations.messages import ROLE_NAMES, call_arguments, chat_message
+from fly_integrations.messages import ROLE_NAMES, call_arguments, chat_message, usage
 from fly_integrations.params import FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
 from fly_integrations.streaming import aiter_in_thread
@@ -115,14 +115,13 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         if item.invalid_tool_calls:
             extra["invalid_tool_calls"] = [{"id": c.id, "name": c.name, "text": c.text, "error": c.error}
                                            for c in item.invalid_tool_calls]
-        s = item.result.stats
-        fly = {**self.fly_metadata(item.result), "prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens}
+        counts = usage(item.result.stats)
+        fly = {**self.fly_metadata(item.result), "prompt_tokens": counts["prompt_tokens"],
+               "completion_tokens": counts["completion_tokens"]}
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=item.content, additional_kwargs=extra),
             delta="",
-            # "usage" as OpenAI names it: LlamaIndex's TokenCountingHandler reads it
-            raw={"fly": fly, "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.new_tokens,
-                                       "total_tokens": s.prompt_tokens + s.new_tokens}},
+            raw={"fly": fly, "usage": counts},  # LlamaIndex's TokenCountingHandler reads "usage"
             additional_kwargs={"fly": fly},
         )
 

@@ -1,6 +1,7 @@
 """Chat messages as fly reads them, whoever sends them: LangChain's and LlamaIndex's message objects and the
 OpenAI messages `fly serve` receives all become the same dicts here, by one set of rules (role names, tool
-calls and their arguments, tool results), and tool_choice is spelled once for each side.
+calls and their arguments, tool results), tool_choice is spelled once for each side, and a reply's usage is
+counted once.
 
 Each caller only takes the text out of its own content blocks, which differ by framework."""
 
@@ -60,3 +61,11 @@ def openai_tool_choice(choice: Any) -> Any:
     if isinstance(choice, str) and choice not in ("auto", "none", "required"):
         return {"type": "function", "function": {"name": choice}}
     return choice
+
+
+def usage(stats: Any) -> dict[str, Any]:
+    """A reply's token counts under OpenAI's names, as `fly serve` returns them and LlamaIndex's
+    TokenCountingHandler reads them; ``cached_tokens``: prompt tokens read from the cache, not again."""
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
+            "total_tokens": stats.prompt_tokens + stats.new_tokens,
+            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}

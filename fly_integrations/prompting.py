@@ -28,6 +28,7 @@ class Prompt:
     token_ids: list[int]
     prefill: str  # text already placed in the assistant turn; it belongs to the reply
     stop: tuple[str, ...]  # stops the steering adds (one forced call ends at its closing tag)
+    tool_format: ToolFormat | None = None  # how the model writes its calls; None where no tools are offered
 
 
 def check_messages(messages: list[dict]) -> None:
@@ -88,7 +89,7 @@ def render_prompt(
         ids = chat_encoder(tokenizer).encode(messages, tools, suffix=prefill)
     except TemplateError as exc:  # the template's own rule (e.g. a role order it does not take): the caller's input
         raise TemplateRefused(f"the model's chat template refused these messages: {exc}") from None
-    return Prompt(ids, prefill, stop)
+    return Prompt(ids, prefill, stop, fmt)
 
 
 def _with_system_instruction(messages: list[dict], instruction: str) -> list[dict]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from fly_integrations.prompting import TemplateRefused, render_prompt
-from fly_integrations.tool_calls import HERMES, InvalidToolCall, ReplySplitter, ToolCall, tool_format
+from fly_integrations.tool_calls import HERMES, InvalidToolCall, ReplySplitter, ToolCall
 from fly_integrations.tools import closed_schema, conform_arguments
 from fly_runtime import FlyEngine, GenerationConfig, GenerationResult
 from fly_runtime.engine import GenerationStats
@@ -79,9 +79,8 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
             if messages is request.messages:  # only the steering instruction is ours to drop
                 raise
             continue  # the template takes no system message after the first
-        names = request.tool_names if choice != "none" else None
-        fmt = tool_format(request.engine.tokenizer) if names is not None else None
-        splitter = ReplySplitter(prompt.prefill, fmt is not None, names, fmt or HERMES)
+        fmt = prompt.tool_format  # chosen once, where the prompt was rendered
+        splitter = ReplySplitter(prompt.prefill, fmt is not None, request.tool_names if fmt else None, fmt or HERMES)
         config = request.config(prompt.stop)
         if fmt is not None:  # a call's arguments must be the target's own, not a forgiven alternative
             config = replace(config, exact_spans=(fmt.span,))

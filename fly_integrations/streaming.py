@@ -38,7 +38,9 @@ async def aiter_in_thread(open_iterator: Callable[[], Iterator[T]]) -> AsyncIter
         finally:
             loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
-    loop.run_in_executor(None, produce)
+    # a thread of its own, not the loop's default executor: that one holds min(32, CPUs + 4) workers (6 on two
+    # cores), which would cap the requests decoding together below the engine's max_batch and the queue behind
+    threading.Thread(target=produce, name="fly-generation", daemon=True).start()
     try:
         while True:
             item = await queue.get()

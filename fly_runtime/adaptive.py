@@ -141,6 +141,14 @@ class CostProfile:
     def model_drafts_pay(self) -> bool:
         return self.best_speedup(self.OPTIMISTIC_SURVIVAL, by_model=True) >= self.PAY_MARGIN
 
+    def shared(self, requests: int) -> "CostProfile":
+        """The prices as a pass shared by ``requests`` requests sees them: a draft's rows slow every request in
+        the pass, so a draft pays only where it adds tokens faster than the pass makes them, and the step a
+        draft must beat is the pass's time per token it makes (one a request)."""
+        if requests <= 1:
+            return self
+        return CostProfile((self.step + (requests - 1) * self.row) / requests, self.row, self.draft)
+
 
 class LookupGate:
     """How much of a prompt-lookup proposal to verify: the length whose expected tokens per second beat a
@@ -156,13 +164,15 @@ class LookupGate:
         self.survival = Survival(prior_p, memory)
         self._skipped = 0
 
-    def length(self, proposed: int) -> int:
+    def length(self, proposed: int, sharing: int = 1) -> int:
+        """How many of ``proposed`` lookup tokens to verify in a pass shared by ``sharing`` requests."""
         if self.costs is None or proposed == 0:
             return proposed
+        costs = self.costs.shared(sharing)
         k = np.arange(1, proposed + 1)
-        rates = (1 + self.survival.expected_kept()[:proposed]) / self.costs.round_seconds(k, by_model=False)
+        rates = (1 + self.survival.expected_kept()[:proposed]) / costs.round_seconds(k, by_model=False)
         best = int(np.argmax(rates))
-        if rates[best] * self.costs.step > 1.0:
+        if rates[best] * costs.step > 1.0:
             return best + 1
         self._skipped += 1
         if self._skipped >= self.PROBE_EVERY:
@@ -177,8 +187,8 @@ class LookupGate:
 
 class DraftPolicy:
     MAX_CONFIDENCE_FLOOR = 0.05
-    # rounds judged together against plain decoding, and by how much they must lose: kept tokens vary 1-6 per
-    # round, so fewer rounds or a tighter margin fell back on noise
+    # rounds judged together against plain decoding, and by how much they must lose: kept tokens vary a lot
+    # from round to round, so fewer rounds or a tighter margin fall back on noise
     ROUNDS_MEASURED = 16
     FALLBACK_MARGIN = 0.85
     PLAIN_STRETCH = 24  # plain steps before speculation is probed again (doubles after each failed probe)
@@ -192,6 +202,7 @@ class DraftPolicy:
         seeded_sampling = config.temperature > 0 and config.seed is not None
         self.adaptive = config.adaptive and config.k is None and not seeded_sampling
         self.window = config.window if config.mode == "fly" else 0
+        self.ngrams = config.ngram  # a model drafter checks prompt-lookup n-grams first
         self.k = config.draft_length
         # adaptive drafts are at least the mode's fixed default long: shorter ones lost to it where acceptance was
         # middling, and below K = W + 2 FLy cannot forgive at all. FLy gives that room up only where the fallback
@@ -225,7 +236,7 @@ class DraftPolicy:
         """This round's draft; its first ``strict`` drafts will be verified exactly whatever the mode (the
         reply's opening)."""
         if not self.adaptive:
-            return DraftShape(min(self.k, remaining), 0.0, 0)
+            return DraftShape(min(self.k, remaining), 0.0, 0, self.ngrams)
         k = self.k
         if self.window and k - self.window <= strict:
             # every draft a mismatch could be forgiven at lies in the exactly verified opening: the room buys
@@ -234,7 +245,7 @@ class DraftPolicy:
         k = min(k, remaining)
         # a draft that leaves no forgivable mismatch a window of checked drafts drafts like exact matching
         extension = self.window if self.window and k - self.window > strict else 0
-        return DraftShape(k, self.confidence_floor(), extension, gate_ngrams=True)
+        return DraftShape(k, self.confidence_floor(), extension, self.ngrams, gate_ngrams=True)
 
     def confidence_floor(self) -> float:
         """Drafter top-1 probability below which drafting on does not pay: one more draft costs d seconds and,
@@ -314,8 +325,8 @@ class DraftPolicy:
 class DeferredRead:
     """When the model drafter should read the prompt: a rent-or-buy choice made per request.
 
-    The read costs about a quarter of the target's prefill before a single draft, which a short answer to a
-    long prompt never repays. Until it reads, the request decodes from prompt lookup alone (or plainly) and
+    The read is a share of the target's prefill (``PRIOR_READ_SHARE`` until measured), paid before a single
+    draft, which a short answer to a long prompt never repays. Until it reads, the request decodes from prompt lookup alone (or plainly) and
     adds up what the drafter would have saved (each step's time beyond its tokens at ``DRAFTER_SPEEDUP`` times
     the plain rate, an optimistic guess that buys early); once that regret reaches the read's price, it reads
     (ski rental: never worse than twice the better choice). A read priced at a few plain steps is bought at

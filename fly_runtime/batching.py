@@ -52,7 +52,7 @@ class SharedPasses:
     them all as one backend pass. A lone request never waits."""
 
     backend: MultiSequenceBackend
-    window: float = 0.02  # seconds a pass waits for the other requests' rows; a step costs 50-100 ms here
+    window: float = 0.02  # seconds a pass waits for the other requests' rows: a fraction of a step
     running: int = 0  # requests currently holding a sequence
     passes: int = 0  # backend passes run
     rows: int = 0  # parts those passes carried
@@ -191,6 +191,10 @@ class Slots:
 
     def holding(self) -> bool:
         return self._holders.get(threading.get_ident(), 0) > 0
+
+    def busy(self) -> int:
+        """Requests holding a sequence now: how many share the coming passes."""
+        return len(self._reserved)
 
     def free_now(self) -> bool:
         with self._cond:

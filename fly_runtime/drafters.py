@@ -3,16 +3,17 @@
 - ``NgramDrafter``: prompt lookup. Finds the latest n-gram of the context earlier in the context and
   proposes what followed it. Free to run, and strong where the answer copies the prompt (RAG, edits).
 - ``ModelDrafter``: a small causal LM drafting greedily (or sampling), one token per forward pass. Given an
-  ``NgramDrafter`` it becomes the multi-level cascade: n-gram proposals are checked by one drafter forward
-  pass, the agreeing prefix is kept plus the drafter's own next token, and that repeats until K tokens exist.
+  ``NgramDrafter``, a round that asks for n-grams runs the multi-level cascade: n-gram proposals are checked by
+  one drafter forward pass, the agreeing prefix is kept plus the drafter's own next token, and that repeats
+  until K tokens exist.
+
+Both meet the proposer at one seam, ``Drafter``: propose tokens, then learn which the target kept.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
-
 import numpy as np
 import torch
 
@@ -27,6 +28,7 @@ class DraftShape:
     k: int  # most tokens to draft this round
     confidence_floor: float  # drafter stops (or starts its extension) below this top-1 probability
     extension: int  # tokens drafted past the first doubtful one (FLy's window), 0 = stop at once
+    ngrams: bool = False  # a model drafter checks prompt-lookup n-grams first (the cascade)
     gate_ngrams: bool = False  # stop offering n-gram proposals in a request where the drafter rejects them
 
 
@@ -44,31 +46,33 @@ class Draft:
         return Draft(self.token_ids[:n], probs, self.forwards)
 
 
-class Drafter(Protocol):
+class Drafter:
+    """The seam between the proposer and a drafter, as transformers' ``CandidateGenerator``: ``propose`` a
+    draft, then ``commit`` what the target kept. A drafter that reads the context into a cache of its own (a
+    model) also tells what it has not read and reads it ahead of a proposal; one that reads nothing (prompt
+    lookup) keeps the defaults below."""
+
+    def propose(self, context: Sequence[int], shape: DraftShape, sampler: Sampler) -> Draft:
+        """Up to ``shape.k`` tokens to follow ``context`` (prompt + committed ids)."""
+        raise NotImplementedError
+
+    def commit(self, context: Sequence[int]) -> None:
+        """The target kept ``context``; drop any state beyond it."""
+
     def begin(self) -> None:
         """A request starts: forget what the last one taught (a KV cache is kept: its prefix may be reused)."""
-        ...
 
     def unread(self, context: Sequence[int]) -> int:
         """How many ids ``catch_up(context)`` would read."""
-        ...
+        return 0
 
     def catch_up(self, context: Sequence[int]) -> None:
         """Read all of ``context`` but its last id (which the next proposal feeds): the prompt before a
         request's first round, the tokens committed while decoding plainly before a later one."""
-        ...
-
-    def propose(self, context: Sequence[int], shape: DraftShape, sampler: Sampler) -> Draft:
-        """Up to ``shape.k`` tokens to follow ``context`` (prompt + committed ids)."""
-        ...
-
-    def commit(self, context: Sequence[int]) -> None:
-        """The target kept ``context``; drop any state beyond it."""
-        ...
 
     def reset(self) -> None:
-        """Forget everything, the KV cache included."""
-        ...
+        """Forget everything, a KV cache included."""
+        self.begin()
 
 
 def _one_hot_rows(token_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
@@ -77,7 +81,7 @@ def _one_hot_rows(token_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
     return rows
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Prompt-lookup proposals: longest n-gram first (max_ngram down to 1), earliest match in the context."""
 
     def __init__(self, max_ngram: int = 4, max_tokens: int = 6) -> None:
@@ -101,24 +105,10 @@ class NgramDrafter:
     def propose(self, context: Sequence[int], shape: DraftShape, sampler: Sampler) -> Draft:
         return Draft(self.lookup(context, shape.k))  # deterministic: no distribution to carry
 
-    def begin(self) -> None:
-        pass
 
-    def unread(self, context: Sequence[int]) -> int:
-        return 0
-
-    def catch_up(self, context: Sequence[int]) -> None:
-        pass
-
-    def commit(self, context: Sequence[int]) -> None:
-        pass
-
-    def reset(self) -> None:
-        pass
-
-
-class ModelDrafter:
-    """A small LM as drafter, optionally fed n-gram proposals first (the multi-level cascade)."""
+class ModelDrafter(Drafter):
+    """A small LM as drafter; given ``ngram``, rounds that ask for n-grams are fed its proposals first (the
+    multi-level cascade)."""
 
     # with gating on, n-grams stay in use while the drafter keeps at least this share of what they propose
     NGRAM_MIN_KEPT = 0.25
@@ -143,7 +133,7 @@ class ModelDrafter:
             self.sequence.extend(unread[:-1], keep=1)
 
     def _ngrams_useful(self, shape: DraftShape) -> bool:
-        if self.ngram is None:
+        if self.ngram is None or not shape.ngrams:
             return False
         if not shape.gate_ngrams or self._ngram_proposed < self.NGRAM_TRIAL:
             return True

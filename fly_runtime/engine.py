@@ -47,6 +47,7 @@ class GenerationStats:
     drafted_tokens: int = 0
     native_accepted: int = 0
     fly_forgiven: int = 0
+    rounds: int = 0  # speculative rounds drafted by the model
     mean_k: float = 0.0  # mean draft length per speculative round
     plain_steps: int = 0  # steps decoded without speculation (measuring, falling back, or lookup found nothing)
     lookup_rounds: int = 0  # rounds drafted by prompt lookup alone, before the model drafter read the prompt
@@ -81,9 +82,8 @@ class GenerationStats:
     def __add__(self, other: "GenerationStats") -> "GenerationStats":
         """Two generations' stats together (one reply that took two), counts and seconds summed."""
         summed = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
-        rounds = self.new_tokens + other.new_tokens
-        summed["mean_k"] = ((self.mean_k * self.new_tokens + other.mean_k * other.new_tokens) / rounds
-                            if rounds else 0.0)
+        rounds = summed["rounds"]
+        summed["mean_k"] = (self.mean_k * self.rounds + other.mean_k * other.rounds) / rounds if rounds else 0.0
         return GenerationStats(**summed)
 
     def as_dict(self) -> dict:
@@ -155,18 +155,16 @@ class GenerationStream:
 
 class FlyEngine:
     def __init__(self, target: CachedSequence, tokenizer, drafter: Drafter | None, vocab_size: int,
-                 eos_token_ids: Sequence[int], max_context: int, cascade: Drafter | None = None,
-                 lookup_drafter: Drafter | None = None, host_threads: int | None = None,
-                 draft_name: str | None = None, max_batch: int | None = None) -> None:
+                 eos_token_ids: Sequence[int], max_context: int, lookup: Drafter | None = None,
+                 host_threads: int | None = None, draft_name: str | None = None,
+                 max_batch: int | None = None) -> None:
         self.slots = Slots(target, max_batch)  # the target's sequences, one per request served at once
         self.target = self.slots.sequences[0]
         self.tokenizer = tokenizer
-        self.drafter = drafter
-        # the same drafter with prompt-lookup n-grams in front, used when a request asks for n-grams
-        self.cascade = cascade or drafter
+        self.drafter = drafter  # a model (n-grams in front where a request asks), or prompt lookup itself
         # prompt lookup alone (free to draft), for adaptive requests until the model drafter has read the
         # prompt; None where the drafter reads nothing (it is prompt lookup itself)
-        self.lookup_drafter = lookup_drafter
+        self.lookup = lookup
         self.draft_name = draft_name  # the drafter model's name; None where prompt lookup drafts alone
         self.vocab_size = vocab_size  # logits beyond the shared vocabulary are padding and never chosen
         self.eos_token_ids = frozenset(eos_token_ids)
@@ -233,12 +231,8 @@ class FlyEngine:
         self._reset_drafter()
 
     def _reset_drafter(self) -> None:
-        for view in self._drafter_views():
-            view.reset()
-
-    def _drafter_views(self) -> list[Drafter]:
-        """The plain and the n-gram cascade drafter: two views of one drafter cache, each with its own state."""
-        return [view for view in (self.drafter, self.cascade) if view is not None]
+        if self.drafter is not None:
+            self.drafter.reset()
 
     def _check_prompt(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
         prompt = list(prompt_ids)
@@ -310,8 +304,6 @@ class FlyEngine:
 
     def _prefill(self, request: _Request) -> list[int]:
         """Read the prompt (past what the previous request left cached) and pick the first token."""
-        for view in self._drafter_views():
-            view.begin()
         stats, target = request.stats, request.target
         unread = target.crop_to_prefix(request.prompt)
         stats.cached_tokens = len(request.prompt) - len(unread)
@@ -323,23 +315,21 @@ class FlyEngine:
         if read:
             self._learn_prefill(read, time.perf_counter() - began)
         stats.target_forwards += 1
-        ngram = request.config.ngram
-        request.proposer = Proposer(request.config, self.cascade if ngram else self.drafter,
-                                    self.lookup_drafter if ngram else None, self.lookup_drafter is not None,
-                                    self.learned, request.sampler)
+        request.proposer = Proposer(request.config, self.drafter, self.lookup if request.config.ngram else None,
+                                    self.lookup is not None, self.learned, request.sampler)
         # a prompt read cut short by the timeout yields no token: the first commit ends the request
         return [request.pick(logits[0, : self.vocab_size])] if logits is not None else []
 
     def _step(self, request: _Request) -> list[int]:
         """One round: the proposer's draft verified by one target pass, or a plain step; the tokens to commit."""
         context = request.prompt + request.committed
-        proposal = request.proposer.propose(context, request.remaining,
-                                            request.checks.strict_leading(len(context)), request.constraint)
+        proposal = request.proposer.propose(context, request.remaining, request.checks.strict_leading(len(context)),
+                                            request.constraint, self.slots.busy())
         if proposal.plain:
             new, verdict = self._plain_step(context[-1], request), None
         else:
             new, verdict = self._verify(proposal, context, request)
-        request.proposer.record(proposal, verdict, len(new))
+        request.proposer.record(proposal, verdict, context, new)
         return new
 
     def _measure_costs(self, target: CachedSequence, context: int = 32, repeats: int = 3) -> CostProfile:
@@ -427,12 +417,9 @@ class FlyEngine:
         strict = checks.strict_positions(len(context), draft_ids)
         verdict = verify(logits, ids, sampler, checks.rule, strict, checks.protected, proposal.draft.probs)
         request.stats.count_round(proposal, verdict)
-        kept = draft_ids[: verdict.accepted]
         # the target keeps context + kept drafts; the new token is fed at the start of the next round
         target.crop(cached + 1 + verdict.accepted)
-        assert proposal.source is not None
-        proposal.source.commit(context + kept + [verdict.next_token])
-        return kept + [verdict.next_token], verdict
+        return draft_ids[: verdict.accepted] + [verdict.next_token], verdict
 
 
 class _Request:
@@ -491,7 +478,7 @@ class _Request:
         stats.seconds = time.perf_counter() - self.start
         policy = self.proposer.policy
         if policy is not None:
-            stats.mean_k = policy.mean_k
+            stats.rounds, stats.mean_k = policy.rounds, policy.mean_k
             stats.plain_steps = policy.plain_steps
         stats.lookup_rounds = self.proposer.lookup_rounds
         assert self.finish is not None

@@ -172,20 +172,18 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
     tokenizer = load_tokenizer(target_model)
     vocab_size = len(tokenizer)
     drafter: Drafter
-    cascade: Drafter
     lookup: NgramDrafter | None = None
     draft_name = auto_drafter(settings.target, tokenizer) if settings.draft == AUTO_DRAFT else settings.draft
     if draft_name is None:
-        drafter = cascade = NgramDrafter()
+        drafter = NgramDrafter()
     else:
         draft_model = resolve_model(draft_name)
         check_same_tokenizer(tokenizer, load_tokenizer(draft_model), settings.target, draft_name)
         draft_sequence = CachedSequence(_make_backend(draft_model, kind, settings.device, "int4"))
-        # both views share one drafter cache; a request picks one with its `ngram` setting
-        # prompt lookup (stateless) serves twice: in front of the drafter, and alone before the drafter reads
+        # prompt lookup (stateless) serves twice: in front of the drafter where a request asks for n-grams, and
+        # alone before the drafter reads
         lookup = NgramDrafter()
-        drafter = ModelDrafter(draft_sequence, vocab_size)
-        cascade = ModelDrafter(draft_sequence, vocab_size, lookup)
+        drafter = ModelDrafter(draft_sequence, vocab_size, lookup)
     precision = target_precision(settings, target_model, tokenizer) if kind == "onnx" else "fp32"
     target_backend = _make_backend(target_model, kind, settings.device, precision,
                                    settings.max_batch or max(BATCH_CANDIDATES))
@@ -199,8 +197,7 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         vocab_size=vocab_size,
         eos_token_ids=eos_ids(target_model, tokenizer),
         max_context=target_backend.max_context,
-        cascade=cascade,
-        lookup_drafter=lookup,
+        lookup=lookup,
         host_threads=1 if kind == "onnx" else None,
         draft_name=draft_name,
         max_batch=max_batch,

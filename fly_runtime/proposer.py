@@ -46,6 +46,7 @@ class Proposal:
     draft_seconds: float = 0.0  # spent drafting (a model draft; its catch-up read is not part of it)
     by_model: bool = False
     forced: bool = False  # the grammar's forced tokens: no drafter's evidence
+    shared: bool = False  # proposed for a pass other requests share: its times are not this request's own
     masks: torch.Tensor | None = None  # [len(draft) + 1, V]: what the grammar allows at each verified position
 
     @property
@@ -54,12 +55,15 @@ class Proposal:
 
 
 class Proposer:
-    """One request's proposals. ``lookup`` is prompt lookup alone (None where the request turns n-grams off);
-    ``defer`` lets an adaptive request put off the model drafter's prompt read until it is likely to pay."""
+    """One request's proposals, and its drafter's part in the request: begun here, fed what the target kept.
+    ``lookup`` is prompt lookup alone (None where the request turns n-grams off); ``defer`` lets an adaptive
+    request put off the model drafter's prompt read until it is likely to pay."""
 
     def __init__(self, config: GenerationConfig, drafter: Drafter | None, lookup: Drafter | None, defer: bool,
                  learned: Learned, sampler: Sampler) -> None:
         self.policy = DraftPolicy(config, learned.plain_step, learned.costs) if config.mode != "ar" else None
+        if self.policy is not None and drafter is not None:
+            drafter.begin()
         self.drafter = drafter
         self.lookup = lookup
         self.learned = learned
@@ -70,25 +74,32 @@ class Proposer:
             self.deferral = DeferredRead(learned.read_share, learned.prefill_per_token)
 
     def propose(self, context: Sequence[int], remaining: int, strict_leading: int,
-                constraint: JsonConstraint | None = None) -> Proposal:
+                constraint: JsonConstraint | None = None, sharing: int = 1) -> Proposal:
         """This round's proposal for ``context`` with ``remaining`` tokens of budget; the first
         ``strict_leading`` drafts will be verified exactly. Under a grammar (``constraint``) the tokens it allows
         no alternative to from here (object keys, punctuation) are proposed as they are, at a row each and no
-        drafting, and any draft ends where the grammar forbids it, with the grammar's masks for verification."""
+        drafting, and any draft ends where the grammar forbids it, with the grammar's masks for verification.
+        ``sharing``: requests the coming target pass serves (batched decoding), this one included."""
         proposal = self._propose(context, remaining, strict_leading,
-                                 constraint.forced() if constraint is not None else ())
+                                 constraint.forced() if constraint is not None else (), sharing)
         if constraint is None or proposal.plain:
             return proposal
         masks, allowed = constraint.masks_along(proposal.draft.token_ids)
         return dataclasses.replace(proposal, draft=proposal.draft.head(allowed), masks=masks)
 
     def _propose(self, context: Sequence[int], remaining: int, strict_leading: int,
-                 forced: Sequence[int]) -> Proposal:
+                 forced: Sequence[int], sharing: int) -> Proposal:
         start = time.perf_counter()
         policy = self.policy
         if policy is not None and forced and remaining > 1:
             return Proposal(Draft(list(forced[: remaining - 1])), _FORCED, start, start, forced=True)
-        if policy is None or policy.next_is_plain() or remaining <= 1:
+        if policy is None or remaining <= 1:
+            return Proposal(Draft(), None, start, start)
+        if sharing > 1 and policy.adaptive:
+            # a pass shared with other requests: a draft's rows slow them all, and a model draft makes them
+            # wait for the drafter, so only prompt lookup may draft, priced as the shared pass sees it
+            return dataclasses.replace(self._lookup(context, remaining, start, sharing), shared=True)
+        if policy.next_is_plain():
             return Proposal(Draft(), None, start, start)
         if not policy.model_drafts or (self.deferral is not None and not self.deferral.due(
                 self.drafter.unread(context), policy.plain_step_seconds, remaining)):
@@ -100,11 +111,20 @@ class Proposer:
         ready = time.perf_counter()
         return Proposal(draft, self.drafter, start, ready, ready - drafted, by_model=True)
 
-    def record(self, proposal: Proposal, verdict: Verdict | None, produced: int) -> None:
-        """The step is done: ``produced`` tokens committed (``verdict`` None for a plain step)."""
+    def record(self, proposal: Proposal, verdict: Verdict | None, context: Sequence[int], new: Sequence[int]) -> None:
+        """The step is done: ``new`` tokens follow ``context`` (``verdict`` None for a plain step)."""
         now = time.perf_counter()
+        produced = len(new)
+        if verdict is not None and proposal.source is not None:
+            proposal.source.commit([*context, *new])
         policy = self.policy
         if policy is None or proposal.forced:
+            return
+        if proposal.shared:  # the pass's time was everyone's: only what the lookup kept is evidence
+            if verdict is None:
+                policy.plain_steps += 1
+            else:
+                policy.lookup.record(verdict.accepted, len(proposal.draft.token_ids))
             return
         if verdict is None:
             policy.record_plain(now - proposal.ready)
@@ -117,12 +137,12 @@ class Proposer:
         if self.deferral is not None:
             self.deferral.record(produced, now - proposal.started, policy.plain_step_seconds)
 
-    def _lookup(self, context: Sequence[int], remaining: int, start: float) -> Proposal:
+    def _lookup(self, context: Sequence[int], remaining: int, start: float, sharing: int = 1) -> Proposal:
         """Prompt lookup's proposal, cut to the part worth a target row each; a plain step where none is."""
         assert self.policy is not None
         draft = self.lookup.propose(context, DraftShape(remaining - 1, 0.0, 0), self.sampler) if self.lookup \
             else Draft()
-        keep = self.policy.lookup.length(len(draft.token_ids))
+        keep = self.policy.lookup.length(len(draft.token_ids), sharing)
         now = time.perf_counter()
         if not keep:
             return Proposal(Draft(), None, start, now)

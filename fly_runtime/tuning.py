@@ -9,7 +9,7 @@ model's full-precision weights at least as often as ``AGREEMENT_FLOOR`` (llama.c
 97.9-98.0%; the measurements are in docs/benchmarks.md). Token identity between one-token steps and multi-token passes is measured and reported,
 not required: quantised kernels round one row differently from several, as llama.cpp's and vLLM's do. The
 record lives in ``<cache>/tuning.json``; ``fly models list`` shows it and ``precision=...`` overrides it. Where the
-target's cache holds several sequences (llama.cpp), ``choose_batch`` times one-token passes over 1-8 of them and
+target's cache holds several sequences (llama.cpp), ``choose_batch`` times one-token passes over 1-16 of them and
 keeps the smallest count near the best throughput (``max_batch=...`` overrides it).
 """
 
@@ -237,19 +237,20 @@ def choose_precision(model, tokenizer=None, candidates: tuple[str, ...] | None =
 
 
 # ------------------------------------------------------------------------------------------ batch size
-BATCH_CANDIDATES = (1, 2, 4, 8)  # requests decoded together; the largest is what a target is opened with
+BATCH_CANDIDATES = (1, 2, 4, 8, 16)  # requests decoded together; the largest is what a target is opened with
 BATCH_NEAR_BEST = 0.95  # the smallest batch within this share of the best throughput: latency for nothing else
 
 
-def choose_batch(backend, model, context: int = 64, repeats: int = 3) -> int:
-    """How many requests the target decodes together on this machine: the recorded choice, or (first time) the
-    smallest of ``BATCH_CANDIDATES`` whose one-token passes over that many sequences make at least
-    ``BATCH_NEAR_BEST`` of the best tokens a second, recorded."""
+def choose_batch(backend, model, context: int = 64, repeats: int = 5) -> int:
+    """How many requests the target decodes together on this machine: the recorded choice, or (first time, or
+    where the record timed other counts) the smallest of ``BATCH_CANDIDATES`` whose one-token passes over that
+    many sequences make at least ``BATCH_NEAR_BEST`` of the best tokens a second, recorded."""
     key = f"{machine_id()}|{model.key}|batch"
     record = load_records().get(key)
-    if record is not None and record.get("version") == RECORD_VERSION:
-        return record["max_batch"]
     sizes = [n for n in BATCH_CANDIDATES if n <= backend.sequences]
+    if (record is not None and record.get("version") == RECORD_VERSION
+            and sorted(record.get("ms", {}), key=int) == [str(n) for n in sizes]):
+        return record["max_batch"]
     backend.crop_sequence(0, 0)
     backend.forward_rows([(0, [100 + i % 300 for i in range(context)], 1)])
     for seq in range(1, sizes[-1]):

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from fly_integrations.messages import chat_message
+from fly_integrations.messages import chat_message, usage
 from fly_integrations.params import OVERRIDABLE
 from fly_integrations.replies import Reply
 from fly_integrations.server import schema
@@ -120,12 +120,6 @@ def json_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None
         return spec.get("schema", {})
     raise InvalidPromptError(f"response_format type must be text, json_object or json_schema, got "
                              f"{response_format.get('type')!r}")
-
-
-def usage(stats) -> dict[str, Any]:
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
-            "total_tokens": stats.prompt_tokens + stats.new_tokens,
-            "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
 
 
 def fly_stats(result, mode: str) -> dict[str, Any]:

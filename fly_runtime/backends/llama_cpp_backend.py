@@ -9,12 +9,18 @@ The cache holds several sequences (``sequences``) in one pool of cells, as llama
 ``forward_rows`` runs new tokens of several sequences in one pass (batched decoding, fly_runtime/batching.py),
 and ``share`` lets a sequence start from another's cached prefix without reading it again (the cells are
 shared, not copied).
+
+Every pass runs on one thread of the backend's own, whoever asks for it, as llama-server decodes on its one
+main loop: llama.cpp's CPU kernels run under OpenMP, which keeps a team of worker threads for each thread that
+starts a pass, and the idle teams of other callers spin on the same cores (docs/design.md, "Batched
+decoding", has the cost).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -63,6 +69,7 @@ class LlamaCppBackend:
         self.sequences = sequences
         self.name = f"llama.cpp-{gguf.stem}"
         self._lengths = [0] * sequences
+        self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fly-llama-cpp")
 
     def forward(self, input_ids: Sequence[int], keep: int | None = None) -> torch.Tensor:
         return self.forward_rows([(0, input_ids, keep)])[0]
@@ -99,7 +106,12 @@ class LlamaCppBackend:
                 for rows_of in logits]
 
     def _decode(self) -> int:
-        return self._llama_decode(self._ctx.ctx, self._batch.batch)
+        running = self._decoder.submit(self._llama_decode, self._ctx.ctx, self._batch.batch)
+        try:
+            return running.result()
+        except BaseException:
+            wait([running])  # Ctrl-C while waiting: the pass must end before anyone crops the cache
+            raise
 
     def _undo(self, done: list) -> None:
         """A pass failed part way: drop what its earlier chunks wrote, so no sequence holds half a part."""

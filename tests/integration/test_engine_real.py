@@ -159,18 +159,19 @@ def test_drafter_catches_up_before_drafting_and_requests_start_fresh(engine, cha
     from fly_runtime.sampling import Sampler
 
     prompt = chat_ids(PROMPTS[5])
-    cascade = engine.cascade
+    drafter = engine.drafter
     with engine.exclusive():
-        cascade.catch_up(prompt[:10])
-        assert cascade.sequence.ids == prompt[:9]
-        cascade.catch_up(prompt)  # reads only what it has not read
-        assert cascade.sequence.ids == prompt[:-1]
-        draft = cascade.propose(prompt, DraftShape(k=4, confidence_floor=0.0, extension=0),
+        drafter.catch_up(prompt[:10])
+        assert drafter.sequence.ids == prompt[:9]
+        drafter.catch_up(prompt)  # reads only what it has not read
+        assert drafter.sequence.ids == prompt[:-1]
+        draft = drafter.propose(prompt, DraftShape(k=4, confidence_floor=0.0, extension=0, ngrams=True),
                                 Sampler(0.0, 0, 1.0, torch.Generator()))
         assert len(draft.token_ids) == 4 and draft.forwards >= 1
-        assert cascade.sequence.ids[: len(prompt)] == prompt  # only the last prompt id was fed with the draft
-    # both views of the drafter (plain and n-gram cascade) forget the request, the n-gram gate included
-    assert len(cascade.sequence) == 0 and cascade._ngram_proposed == 0
+        assert drafter.sequence.ids[: len(prompt)] == prompt  # only the last prompt id was fed with the draft
+        assert drafter._ngram_proposed > 0  # the round asked for n-grams: the cascade checked them
+    # the drafter forgets the request, the n-gram gate included
+    assert len(drafter.sequence) == 0 and drafter._ngram_proposed == 0
 
 
 def test_a_lone_doubtful_draft_token_is_dropped_in_exact_mode_but_not_in_fly(engine, chat_ids):

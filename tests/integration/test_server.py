@@ -148,8 +148,8 @@ def test_a_full_queue_answers_429_with_retry_after_and_recovers(server):
 
     async def burst() -> list[httpx.Response]:
         async with httpx.AsyncClient() as http:
-            # up to 8 decoded together (max_batch, measured) + 16 waiting (--queue-depth): the rest refused
-            return await asyncio.gather(*(one(http) for _ in range(32)))
+            # up to 16 decoded together (max_batch, measured) + 16 waiting (--queue-depth): the rest refused
+            return await asyncio.gather(*(one(http) for _ in range(48)))
 
     responses = asyncio.run(burst())
     refused = [r for r in responses if r.status_code == 429]

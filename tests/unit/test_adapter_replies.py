@@ -40,7 +40,8 @@ def test_llama_index_names_the_parse_error_when_a_call_was_required():
     with pytest.raises(ValueError, match="does not parse .*not JSON"):
         llm.get_tool_calls_from_response(response)
     assert llm.get_tool_calls_from_response(response, error_on_no_tool_call=False) == []
-    assert response.raw["usage"] == {"prompt_tokens": 12, "completion_tokens": 30, "total_tokens": 42}
+    assert response.raw["usage"] == {"prompt_tokens": 12, "completion_tokens": 30, "total_tokens": 42,
+                                     "prompt_tokens_details": {"cached_tokens": 0}}  # the server's usage
 
 
 def test_llama_index_a_text_answer_without_calls_is_still_an_error_when_one_was_required():
@@ -48,3 +49,12 @@ def test_llama_index_a_text_answer_without_calls_is_still_an_error_when_one_was_
     response = ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content="It is sunny."))
     with pytest.raises(ValueError, match="expected at least one tool call"):
         llm.get_tool_calls_from_response(response)
+
+
+def test_two_generations_of_one_reply_add_up_with_the_mean_draft_length_weighed_by_rounds():
+    first = GenerationStats(prompt_tokens=50, new_tokens=100, target_forwards=40, rounds=30, mean_k=4.0, seconds=2.0)
+    second = GenerationStats(prompt_tokens=60, new_tokens=10, target_forwards=11, rounds=10, mean_k=8.0, seconds=0.5)
+    both = first + second
+    assert (both.new_tokens, both.target_forwards, both.rounds, both.seconds) == (110, 51, 40, 2.5)
+    assert both.mean_k == (30 * 4.0 + 10 * 8.0) / 40  # per round, not per token
+    assert (GenerationStats() + GenerationStats()).mean_k == 0.0

@@ -89,10 +89,10 @@ def test_fly_drafts_like_exact_where_its_room_lies_in_the_exactly_verified_openi
     window, k = fly.window, DEFAULT_K["fly"]
     # with K = 8 and W = 6 only drafts 1-2 can be forgiven; while both lie in the opening nothing can
     assert fly.shape(100, strict=k - window) == fly.shape(100, strict=k) == DraftShape(
-        DEFAULT_K["exact"], fly.confidence_floor(), 0, gate_ngrams=True)
+        DEFAULT_K["exact"], fly.confidence_floor(), 0, ngrams=True, gate_ngrams=True)
     # once the second of them lies past the opening, the room is back
     assert fly.shape(100, strict=k - window - 1) == fly.shape(100) == DraftShape(
-        k, fly.confidence_floor(), window, gate_ngrams=True)
+        k, fly.confidence_floor(), window, ngrams=True, gate_ngrams=True)
     # the short draft follows the measured rates like exact's: long where drafts survive
     for _ in range(10):
         fly.record_round(fly.k, fly.k, fly.k + 1, fly.k * 0.02, 0.23)

@@ -196,8 +196,8 @@ def test_interleaved_conversations_each_read_only_their_new_tokens(tokenizer):
 class TimedLM(ArithmeticLM):
     """Passes that cost what ``cost_ms`` says for their number of parts: a machine's row budget, made up."""
 
-    def __init__(self, cost_ms: dict[int, float]) -> None:
-        super().__init__(16, sequences=8)
+    def __init__(self, cost_ms: dict[int, float], sequences: int = 8) -> None:
+        super().__init__(16, sequences=sequences)
         self.cost_ms = cost_ms
 
     def forward_rows(self, parts):
@@ -219,3 +219,6 @@ def test_the_batch_size_is_the_smallest_near_the_best_throughput_and_is_kept(cac
     passes = len(lm.passes)
     assert choose_batch(lm, model) == 2 and len(lm.passes) == passes  # recorded: not measured again
     assert choose_batch(TimedLM({1: 20, 2: 22, 4: 24, 8: 30}), SimpleNamespace(key="j", name="m"), 8, 2) == 8
+    # a target that holds more sequences than the record timed is measured again
+    wider = TimedLM({1: 20, 2: 21, 4: 80, 8: 160, 16: 40}, sequences=16)
+    assert choose_batch(wider, model, context=8, repeats=2) == 16 and wider.passes

@@ -49,3 +49,17 @@ def test_tool_choice_is_spelled_once_for_each_side():
     assert messages.openai_tool_choice("f") == {"type": "function", "function": {"name": "f"}}
     for choice in ("auto", "none", "required", "f"):
         assert messages.tool_choice(messages.openai_tool_choice(choice)) in (choice, "any")
+
+
+def test_usage_is_counted_once_under_openais_names_and_langchains():
+    from fly_integrations.langchain import _usage
+    from fly_integrations.messages import usage
+    from fly_runtime import GenerationResult
+    from fly_runtime.engine import GenerationStats
+
+    stats = GenerationStats(prompt_tokens=40, cached_tokens=31, new_tokens=12)
+    assert usage(stats) == {"prompt_tokens": 40, "completion_tokens": 12, "total_tokens": 52,
+                            "prompt_tokens_details": {"cached_tokens": 31}}
+    assert _usage(GenerationResult("text", [], "stop", stats)) == {
+        "input_tokens": 40, "output_tokens": 12, "total_tokens": 52, "input_token_details": {"cache_read": 31}}
+

@@ -27,7 +27,7 @@ def test_an_unmeasured_plain_step_is_measured_first():
     propose = proposer("exact", Learned(costs=FAST_TARGET), NgramDrafter())
     first = propose.propose(CONTEXT, 20, 0)
     assert first.plain
-    propose.record(first, None, 1)
+    propose.record(first, None, CONTEXT, [3])
     assert propose.learned.plain_step is not None  # kept for the engine's later requests
 
 
@@ -39,7 +39,7 @@ def test_beside_a_fast_target_only_prompt_lookup_drafts_and_without_probabilitie
     assert proposal.draft.token_ids == [8, 9, 10, 11, 1, 2][: len(proposal.draft.token_ids)]
     assert proposal.draft.probs is None
     propose.record(proposal, Verdict(accepted=len(proposal.draft.token_ids), next_token=3, native=1, forgiven=0,
-                                     matched=1), len(proposal.draft.token_ids) + 1)
+                                     matched=1), CONTEXT, [*proposal.draft.token_ids, 3])
     assert propose.lookup_rounds == 1
     nothing_to_copy = propose.propose([1, 2, 3, 4], 20, 0)  # lookup finds nothing: a plain step
     assert nothing_to_copy.plain
@@ -64,7 +64,7 @@ def test_forced_tokens_are_proposed_as_they_are_and_teach_the_policy_nothing():
     forced = propose.propose(CONTEXT, 20, 0, Grammar([40, 41, 42]))
     assert forced.forced and forced.draft.token_ids == [40, 41, 42] and not forced.plain
     assert forced.masks is not None and forced.masks.shape[0] == 4  # one mask a verified position
-    propose.record(forced, Verdict(accepted=3, next_token=3, native=3, forgiven=0, matched=3), 4)
+    propose.record(forced, Verdict(accepted=3, next_token=3, native=3, forgiven=0, matched=3), CONTEXT, [40, 41, 42, 3])
     assert propose.lookup_rounds == 0 and propose.policy.rounds == 0
     assert propose.propose(CONTEXT, 3, 0, Grammar([40, 41, 42])).draft.token_ids == [40, 41]  # the budget holds
     # plain decoding stays plain: `ar` is the baseline, so a grammar's forced tokens are decoded one by one
@@ -78,3 +78,46 @@ def test_a_draft_ends_where_the_grammar_forbids_it():
     cut = proposer("exact", Learned(plain_step=0.059, costs=FAST_TARGET), NgramDrafter()).propose(
         CONTEXT, 20, 0, Grammar([], stop=9))
     assert cut.draft.token_ids == [8] and cut.masks.shape[0] == 2
+
+
+def test_a_shared_pass_prices_lookup_drafts_as_the_pass_sees_them_and_learns_no_times_from_it():
+    costs = CostProfile(step=0.028, row=0.020, draft=0.016)  # llama.cpp here: a row costs 0.7 of a step
+    alone = proposer("exact", Learned(plain_step=0.028, costs=costs), NgramDrafter()).propose(CONTEXT, 20, 0)
+    assert alone.draft.token_ids == [8]  # alone, one copied token is worth its row
+    learned = Learned(plain_step=0.028, costs=costs)
+    propose = proposer("exact", learned, NgramDrafter())
+    shared = propose.propose(CONTEXT, 20, 0, sharing=4)
+    # beside three other requests the row slows them all by more than the copied token gains
+    assert shared.plain and shared.shared
+    shared.ready -= 0.1  # a pass of four requests takes far longer than this request's own step
+    propose.record(shared, None, CONTEXT, [3])
+    assert learned.plain_step == propose.policy.plain_step_seconds == 0.028 and propose.policy.plain_steps == 1
+    assert propose.propose(CONTEXT, 20, 0, sharing=1).draft.token_ids == [8]  # alone again: drafts again
+
+
+def test_the_proposer_begins_its_drafter_and_tells_it_what_the_target_kept():
+    from fly_runtime.drafters import Draft, Drafter
+
+    class Recording(Drafter):  # a drafter keeps the base class's defaults for what it does not need
+        def __init__(self) -> None:
+            self.begun, self.kept = 0, []
+
+        def begin(self) -> None:
+            self.begun += 1
+
+        def propose(self, context, shape, sampler):
+            return Draft([8, 9, 10][: shape.k], forwards=3)
+
+        def commit(self, context) -> None:
+            self.kept.append(list(context))
+
+    drafter = Recording()
+    propose = Proposer(GenerationConfig(mode="exact"), drafter, None, defer=False,
+                       learned=Learned(plain_step=0.05), sampler=GREEDY)
+    assert drafter.begun == 1
+    proposal = propose.propose(CONTEXT, 20, 0)
+    assert proposal.source is drafter and proposal.by_model and proposal.draft.token_ids == [8, 9, 10]
+    propose.record(proposal, Verdict(accepted=1, next_token=4, native=1, forgiven=0, matched=1), CONTEXT, [8, 4])
+    assert drafter.kept == [CONTEXT + [8, 4]]
+    propose.record(propose.propose(CONTEXT, 1, 0), None, CONTEXT, [5])  # a plain step: nothing to commit
+    assert drafter.kept == [CONTEXT + [8, 4]]
