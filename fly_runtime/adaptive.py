@@ -326,11 +326,11 @@ class DeferredRead:
     """When the model drafter should read the prompt: a rent-or-buy choice made per request.
 
     The read is a share of the target's prefill (``PRIOR_READ_SHARE`` until measured), paid before a single
-    draft, which a short answer to a long prompt never repays. Until it reads, the request decodes from prompt lookup alone (or plainly) and
-    adds up what the drafter would have saved (each step's time beyond its tokens at ``DRAFTER_SPEEDUP`` times
-    the plain rate, an optimistic guess that buys early); once that regret reaches the read's price, it reads
-    (ski rental: never worse than twice the better choice). A read priced at a few plain steps is bought at
-    once (``READ_AT_ONCE_STEPS``).
+    draft, which a short answer to a long prompt never repays. Until it reads, the request decodes from prompt
+    lookup alone (or plainly) and adds up what the drafter would have saved (each step's time beyond its
+    tokens at ``DRAFTER_SPEEDUP`` times the plain rate, an optimistic guess that buys early); once that regret
+    reaches the read's price, it reads (ski rental: never worse than twice the better choice). A read priced at
+    a few plain steps is bought at once (``READ_AT_ONCE_STEPS``).
     """
 
     DRAFTER_SPEEDUP = 2.0

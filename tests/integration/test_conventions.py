@@ -19,7 +19,8 @@ def test_token_counting_reads_the_engine_counts():
     usage = response.raw["usage"]
     fly = response.additional_kwargs["fly"]
     assert usage == {"prompt_tokens": fly["prompt_tokens"], "completion_tokens": fly["completion_tokens"],
-                     "total_tokens": fly["prompt_tokens"] + fly["completion_tokens"]}
+                     "total_tokens": fly["prompt_tokens"] + fly["completion_tokens"],
+                     "prompt_tokens_details": {"cached_tokens": fly["cached_tokens"]}}  # as `fly serve` says it
     assert handler.prompt_llm_token_count == usage["prompt_tokens"] > 1
     assert handler.completion_llm_token_count == usage["completion_tokens"] > 1
 
