@@ -35,7 +35,7 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
 
-from fly_integrations.messages import chat_message, openai_tool_choice, usage
+from fly_integrations.messages import chat_message, openai_tool_choice, response_schema, usage
 from fly_integrations.params import OVERRIDABLE, FlyParams
 from fly_integrations.replies import Reply, ReplyRequest, stream_reply
 from fly_integrations.streaming import aiter_in_thread
@@ -127,7 +127,7 @@ class FlyChatModel(FlyParams, BaseChatModel):
             model=kwargs.get("model"),
             tools=kwargs.get("tools"),
             tool_choice=kwargs.get("tool_choice"),
-            json_schema=_response_schema(kwargs.get("response_format")),
+            json_schema=response_schema(kwargs.get("response_format")),
         )
 
     def _response_metadata(self, result: GenerationResult, model: str | None) -> dict[str, Any]:
@@ -319,18 +319,6 @@ def _usage(result: GenerationResult) -> UsageMetadata:
     return {"input_tokens": counts["prompt_tokens"], "output_tokens": counts["completion_tokens"],
             "total_tokens": counts["total_tokens"],
             "input_token_details": {"cache_read": counts["prompt_tokens_details"]["cached_tokens"]}}
-
-
-def _response_schema(response_format: dict | None) -> dict | None:
-    """JSON mode: {} for any object, the schema for json_schema; None when no JSON reply is asked for."""
-    if not response_format:
-        return None
-    if response_format.get("type") == "json_object":
-        return {}
-    if response_format.get("type") == "json_schema":
-        spec = response_format.get("json_schema", {})
-        return spec.get("schema", spec)
-    raise InvalidPromptError(f"response_format type must be json_object or json_schema, got {response_format!r}")
 
 
 def _text_of(content: str | list, index: int) -> str:

@@ -1,7 +1,7 @@
 """Chat messages as fly reads them, whoever sends them: LangChain's and LlamaIndex's message objects and the
 OpenAI messages `fly serve` receives all become the same dicts here, by one set of rules (role names, tool
-calls and their arguments, tool results), tool_choice is spelled once for each side, and a reply's usage is
-counted once.
+calls and their arguments, tool results), tool_choice is spelled once for each side, a response_format is
+read by one rule, and a reply's usage is counted once.
 
 Each caller only takes the text out of its own content blocks, which differ by framework."""
 
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+from fly_runtime.errors import InvalidPromptError
 
 # other frameworks' and APIs' names for the chat roles fly's templates know (system, user, assistant, tool)
 ROLE_NAMES = {"human": "user", "ai": "assistant", "model": "assistant", "chatbot": "assistant",
@@ -69,3 +71,17 @@ def usage(stats: Any) -> dict[str, Any]:
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.new_tokens,
             "total_tokens": stats.prompt_tokens + stats.new_tokens,
             "prompt_tokens_details": {"cached_tokens": stats.cached_tokens}}
+
+
+def response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    """OpenAI's response_format as the schema a reply is decoded under: None for text (or none given), {} for
+    any JSON object, the ``json_schema`` block's ``schema`` (any object where it has none)."""
+    if not response_format or response_format.get("type") == "text":
+        return None
+    if response_format.get("type") == "json_object":
+        return {}
+    if response_format.get("type") == "json_schema":
+        spec = response_format.get("json_schema") or {}
+        return spec.get("schema", {})
+    raise InvalidPromptError(f"response_format type must be text, json_object or json_schema, got "
+                             f"{response_format.get('type')!r}")

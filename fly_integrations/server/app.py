@@ -22,7 +22,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from fly_integrations.messages import tool_choice
+from fly_integrations.messages import response_schema, tool_choice
 from fly_integrations.params import FlyParams
 from fly_integrations.prompting import check_messages
 from fly_integrations.replies import ReplyRequest, stream_reply
@@ -233,7 +233,7 @@ async def chat(body: protocol.ChatRequest, request: Request) -> Any:
         reply_request = state.params.reply_request(
             messages, protocol.stops(body.stop), overrides,
             tools=body.tools, tool_choice=tool_choice(body.tool_choice),
-            json_schema=protocol.json_schema(body.response_format))
+            json_schema=response_schema(body.response_format))
     except FlyError as exc:
         raise _ApiError(400, str(exc), "invalid_request_error") from None
     items = await _started(_events(state, lambda left: stream_reply(_with_timeout(reply_request, left)),

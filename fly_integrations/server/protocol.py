@@ -110,18 +110,6 @@ def _text(content: Any, index: int) -> str:
     raise InvalidPromptError(f"message {index} content must be a string or a list of text parts")
 
 
-def json_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not response_format or response_format.get("type") == "text":
-        return None
-    if response_format.get("type") == "json_object":
-        return {}
-    if response_format.get("type") == "json_schema":
-        spec = response_format.get("json_schema") or {}
-        return spec.get("schema", {})
-    raise InvalidPromptError(f"response_format type must be text, json_object or json_schema, got "
-                             f"{response_format.get('type')!r}")
-
-
 def fly_stats(result, mode: str) -> dict[str, Any]:
     """fly's own figures, in an extra field beside OpenAI's usage."""
     s = result.stats

@@ -6,6 +6,7 @@ import pytest
 from fastapi.openapi.utils import get_openapi
 from pydantic import ValidationError
 
+from fly_integrations.messages import response_schema
 from fly_integrations.server import protocol, schema
 from fly_integrations.server.app import router
 from fly_integrations.server.admission import Admission, QueueFull, QueueTimeout
@@ -42,10 +43,13 @@ def test_settings_fields_and_formats_translate():
     with pytest.raises(InvalidPromptError, match="logprobs"):
         protocol.overrides(protocol.ChatRequest(messages=[], logprobs=True))
     assert protocol.overrides(protocol.ChatRequest(messages=[], window=3.0))["window"] == 3  # JSON's integer
-    assert protocol.json_schema({"type": "json_object"}) == {}
-    assert protocol.json_schema({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}) \
+    assert response_schema({"type": "json_object"}) == {}
+    assert response_schema({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}) \
         == {"type": "object"}
-    assert protocol.json_schema({"type": "text"}) is None
+    assert response_schema({"type": "text"}) is None
+    assert response_schema({"type": "json_schema", "json_schema": {"name": "x"}}) == {}  # no schema: any object
+    with pytest.raises(InvalidPromptError, match="json_object or json_schema"):
+        response_schema({"type": "yaml"})
 
 
 def test_the_queue_serves_in_arrival_order_refuses_beyond_its_depth_and_times_out():
