@@ -91,12 +91,17 @@ async def test_llama_index_async_tasks_mixed_with_langchain_at_fp32(alone_fp32):
     assert [*answers[:4], *answers[4]] == alone_fp32
 
 
-def test_abandoned_stream_then_normal_request(alone):
-    stream = FlyChatModel(max_tokens=64).stream([HumanMessage("Write a long story about a dragon.")])
+@pytest.mark.parametrize("settings", [{}, FP32], ids=["default", "fp32"])
+def test_abandoned_stream_then_normal_request(settings, alone_fp32):
+    stream = FlyChatModel(max_tokens=64, **settings).stream([HumanMessage("Write a long story about a dragon.")])
     for _ in range(3):
         next(stream)
     stream.close()
-    assert ask(*REQUESTS[0]) == alone[0]
+    answer = ask(*REQUESTS[0], **settings)
+    if settings:  # rows compute alike at fp32: the very answer served alone
+        assert answer == alone_fp32[0]
+    else:  # the llama.cpp target: its own answer (a near-tie may go another way, docs/design.md)
+        assert any(word in answer.lower() for word in OWN[0]), answer
 
 
 async def test_cancelled_async_stream_then_normal_request(alone):
