@@ -255,8 +255,12 @@ class DraftPolicy:
             return self.MAX_CONFIDENCE_FLOOR
         return min(self.MAX_CONFIDENCE_FLOOR, self._draft_seconds_per_token / self._verify_seconds)
 
-    def record_plain(self, seconds: float) -> None:
+    def record_plain(self, seconds: float | None) -> None:
+        """A plain step took ``seconds``; None: its time was not this request's own (a pass shared with other
+        requests), so only the step is counted."""
         self.plain_steps += 1
+        if seconds is None:
+            return
         self.plain_step_seconds = _ema(self.plain_step_seconds, seconds)
         self._plain_left = max(0, self._plain_left - 1)
 

@@ -122,7 +122,7 @@ class Proposer:
             return
         if proposal.shared:  # the pass's time was everyone's: only what the lookup kept is evidence
             if verdict is None:
-                policy.plain_steps += 1
+                policy.record_plain(None)
             else:
                 policy.lookup.record(verdict.accepted, len(proposal.draft.token_ids))
             return
