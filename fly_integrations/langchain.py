@@ -33,10 +33,11 @@ from langchain_core.runnables.config import get_config_list
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import ConfigDict, Field, PrivateAttr, SecretStr
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
 from fly_integrations.messages import chat_message, openai_tool_choice, response_schema, usage
 from fly_integrations.params import OVERRIDABLE, FlyParams
+from fly_integrations.prompting import TemplateRefused, render_prompt
 from fly_integrations.replies import Reply, ReplyRequest, stream_reply
 from fly_integrations.streaming import aiter_in_thread
 from fly_integrations.tools import normalize_tool_choice, validate_tool_schema
@@ -119,6 +120,39 @@ class FlyChatModel(FlyParams, BaseChatModel):
         configs = [c if c.get("max_concurrency") is not None else {**c, "max_concurrency": max(1, len(inputs))}
                    for c in get_config_list(config, len(inputs))]
         return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
+
+    # --------------------------------------------------------------------------------------------- tokens
+    def get_token_ids(self, text: str) -> list[int]:
+        """``text``'s ids under the target's own tokenizer (LangChain's default counts with GPT-2's, from the Hub)."""
+        return self.tokenizer().encode(text, add_special_tokens=False)
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage],
+                                     tools: Sequence[dict[str, Any] | type | Callable | BaseTool] | None = None) -> int:
+        """Tokens of the prompt these messages (and tools) make, rendered by the target's chat template as a request
+        renders them, the assistant's opening included: what counts against ``context_window``. A list the
+        template refuses on its own (``trim_messages`` tries partial lists) counts each message as rendered
+        alone."""
+        if not messages:
+            return 0
+        formatted = [convert_to_openai_tool(t) for t in tools] if tools else None
+        dicts = [_to_chat_dict(m, i) for i, m in enumerate(messages)]
+        tokenizer = self.tokenizer()
+        try:
+            return len(render_prompt(tokenizer, dicts, formatted).token_ids)
+        except TemplateRefused:
+            return sum(len(render_prompt(tokenizer, [m]).token_ids) for m in dicts)
+
+    @model_validator(mode="after")
+    def _default_profile(self) -> "FlyChatModel":
+        """What agent frameworks read to pick a strategy (create_agent's structured output, say): tool calling
+        and the window; structured output is decoded under a grammar, but not beside tools in one reply, so
+        create_agent's tool strategy serves it where tools are bound."""
+        if self.profile is None:
+            self.profile = {"max_input_tokens": self.context_window, "max_output_tokens": self.max_tokens,
+                            "text_inputs": True, "text_outputs": True, "image_inputs": False,
+                            "tool_calling": True, "tool_choice": True, "structured_output": False,
+                            "open_weights": True}
+        return self
 
     # ------------------------------------------------------------------------------------------ requests
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> ReplyRequest:
@@ -264,7 +298,7 @@ class FlyChatModel(FlyParams, BaseChatModel):
         self,
         schema: dict | type,
         *,
-        method: Literal["function_calling", "json_schema", "json_mode"] = "function_calling",
+        method: Literal["function_calling", "json_schema", "json_mode"] = "json_schema",
         include_raw: bool = False,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, dict | Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal, get_type_hints
 
 from pydantic import AliasChoices, Field, create_model
@@ -79,6 +80,11 @@ class FlyParams(RequestSettings):
         """
         return get_engine(self.model_settings(target))
 
+    def tokenizer(self):
+        """The target's own tokenizer and chat template, loaded without the models (counting tokens needs no
+        weights): the same for a local model and for one a server runs under that name."""
+        return _tokenizer(self.target)
+
     def generation_config(self, stop: list[str] | tuple[str, ...] | None = None, **overrides: Any) -> GenerationConfig:
         values = {name: overrides.get(name, getattr(self, name)) for name in OVERRIDABLE}
         # every overridable field is a GenerationConfig field of the same name, but for the frameworks' max_tokens
@@ -124,3 +130,11 @@ class FlyParams(RequestSettings):
         values = result.stats.as_dict()
         return {"model_name": model or self.target, "draft_model": result.draft_model, "fly_mode": self.mode,
                 "finish_reason": result.finish_reason, **{name: values[name] for name in METADATA_STATS}}
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(target: str):
+    from fly_runtime.loader import load_tokenizer
+    from fly_runtime.sources import resolve_model
+
+    return load_tokenizer(resolve_model(target))

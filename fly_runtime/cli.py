@@ -155,49 +155,102 @@ def _suite_runner(suite: str, *args):
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from fly_runtime.sources import BUILTIN_MODELS, BUILTIN_PAIRS, DEFAULT_PAIR, cache_dir, resolve_model
-    from fly_runtime.sources.builtin import gguf_path, is_verified
-
     if args.action == "list":
-        print(f"cache: {cache_dir()}")
-        for name, spec in BUILTIN_MODELS.items():
-            path = gguf_path(spec)
-            # a file whose size or marker does not match is re-checked (or fetched anew) on its next load
-            state = "fetched" if is_verified(spec, path) else "to verify" if path.exists() else "not fetched"
-            print(f"  {name:32} {spec.size / 1e9:5.2f} GB  {state:11}  {spec.description}")
-        for name, (target, draft) in BUILTIN_PAIRS.items():
-            default = " (default)" if name == DEFAULT_PAIR else ""
-            print(f"  pair {name}: target {target}, draft {draft}{default}")
-        from fly_runtime.tuning import describe, load_records, machine_id
+        return _list_models()
+    if args.action == "prune":
+        return _prune()
+    from fly_runtime.sources import BUILTIN_PAIRS, DEFAULT_PAIR, resolve_model
 
-        print(f"machine: {machine_id()}")
-        for key, record in load_records().items():
-            if not key.startswith(machine_id() + "|"):
-                continue
-            if "max_batch" in record:
-                passes = ", ".join(f"{n}: {ms:.0f}" for n, ms in record["ms"].items())
-                print(f"  {record['model']}: decodes up to {record['max_batch']} requests together (auto; one-token "
-                      f"passes over that many requests, ms: {passes}; {record['date']})")
-            else:
-                print(f"  {record['model']}: target precision {record['precision']} (auto; "
-                      f"{describe(record['ms'])}; {record['date']})")
-        return 0
-    for name, precision in _fetch_plan(args.names or [DEFAULT_PAIR], BUILTIN_PAIRS, args.precision):
-        model = resolve_model(name)
+    for name in args.names or [DEFAULT_PAIR]:
+        target, draft = BUILTIN_PAIRS.get(name, (name, None))
+        model = resolve_model(target)
         if args.action == "path":
             print(model.hf_dir)
             continue
-        line = f"{name}: {model.hf_dir}"
-        if args.onnx:
-            if precision == "auto":
-                from fly_runtime.tuning import choose_precision
+        if not args.onnx:
+            print(f"{model.name}: {model.hf_dir}")
+            continue
+        precision = args.precision
+        if precision == "auto":
+            from fly_runtime.tuning import choose_precision
 
-                precision = choose_precision(model)
-            line += (f", the GGUF under llama.cpp ({model.gguf})" if precision == "gguf"
-                     else f", ONNX {precision} {model.build_onnx(precision)}")
-            if model.gguf is not None and not args.keep_weights:
-                _drop_weights(model)
-        print(line)
+            precision = choose_precision(model)
+        print(_fetch_form(model, precision, args.keep_weights))
+        if draft is not None:
+            print(_fetch_drafter(model, precision, draft, args.keep_weights))
+    return 0
+
+
+def _fetch_form(model, precision: str, keep_weights: bool) -> str:
+    """Build ``model``'s target form at ``precision``; a line saying what is where."""
+    line = f"{model.name}: {model.hf_dir}" + (f", the GGUF under llama.cpp ({model.gguf})" if precision == "gguf"
+                                               else f", ONNX {precision} {model.build_onnx(precision)}")
+    if model.gguf is not None and not keep_weights:
+        _drop_weights(model)
+    return line
+
+
+def _fetch_drafter(target, precision: str, draft: str, keep_weights: bool) -> str:
+    """A pair's drafter (int4 graph) where model drafts can pay beside the target at ``precision`` here; else a
+    line saying why it is not fetched (``fly models fetch DRAFTER --precision int4`` fetches it anyway)."""
+    from fly_runtime.loader import open_target
+    from fly_runtime.sources import resolve_model
+    from fly_runtime.tuning import drafts_can_pay, pass_costs
+
+    ms = pass_costs(lambda: open_target(target, precision), target, precision)
+    if not drafts_can_pay(ms):
+        return (f"{draft}: not fetched: beside the {precision} target here a drafted token costs "
+                f"{max(ms['9'] - ms['1'], 0) / 8 / ms['1']:.2f} of a step to verify, so model drafts cannot pay "
+                "(prompt lookup drafts instead)")
+    return _fetch_form(resolve_model(draft), "int4", keep_weights)
+
+
+def _list_models() -> int:
+    from fly_runtime.sources import BUILTIN_MODELS, BUILTIN_PAIRS, DEFAULT_PAIR, cache_dir
+    from fly_runtime.sources.builtin import gguf_path, is_verified
+    from fly_runtime.sources.inventory import inventory
+    from fly_runtime.tuning import describe, forms_in_use, load_records, machine_id
+
+    print(f"cache: {cache_dir()}")
+    for name, spec in BUILTIN_MODELS.items():
+        path = gguf_path(spec)
+        # a file whose size or marker does not match is re-checked (or fetched anew) on its next load
+        state = "fetched" if is_verified(spec, path) else "to verify" if path.exists() else "not fetched"
+        print(f"  {name:32} {spec.size / 1e9:5.2f} GB  {state:11}  {spec.description}")
+    for name, (target, draft) in BUILTIN_PAIRS.items():
+        default = " (default)" if name == DEFAULT_PAIR else ""
+        print(f"  pair {name}: target {target}, draft {draft}{default}")
+    print(f"machine: {machine_id()}")
+    for key, record in load_records().items():
+        if not key.startswith(machine_id() + "|"):
+            continue
+        if "max_batch" in record:
+            passes = ", ".join(f"{n}: {ms:.0f}" for n, ms in record["ms"].items())
+            print(f"  {record['model']}: decodes up to {record['max_batch']} requests together (auto; one-token "
+                  f"passes over that many requests, ms: {passes}; {record['date']})")
+        elif key.endswith("|passes"):
+            print(f"  {record['model']} at {record['precision']}: {describe(record['ms'])} ({record['date']})")
+        else:
+            print(f"  {record['model']}: target {record['precision']} (auto; {describe(record['ms'])}; {record['date']})")
+    entries = inventory(forms_in_use())
+    print(f"on disk: {sum(e.size for e in entries) / 1e9:.2f} GB")
+    for entry in entries:
+        print(f"  {entry.size / 1e9:6.2f} GB  {entry.path.relative_to(cache_dir())}: {entry.use}")
+    unused = sum(e.size for e in entries if not e.needed)
+    if unused:
+        print(f"{unused / 1e9:.2f} GB of it is read by nothing that runs here: `fly models prune` deletes it")
+    return 0
+
+
+def _prune() -> int:
+    from fly_runtime.sources.inventory import inventory, prune
+    from fly_runtime.tuning import forms_in_use
+
+    entries = inventory(forms_in_use())
+    for entry in entries:
+        if not entry.needed:
+            print(f"fly: deleting {entry.path} ({entry.size / 1e9:.2f} GB; {entry.use})", file=sys.stderr)
+    print(f"freed {prune(entries) / 1e9:.2f} GB")
     return 0
 
 
@@ -212,18 +265,6 @@ def _drop_weights(model) -> None:
         print(f"fly: dropped {model.name}'s float32 weights ({freed / 1e9:.1f} GB; the GGUF holds them, and they are "
               "converted again if the torch backend or a new graph needs them; --keep-weights keeps them)",
               file=sys.stderr)
-
-
-def _fetch_plan(names: list[str], pairs: dict[str, tuple[str, str]], precision: str) -> list[tuple[str, str]]:
-    """(model, graph precision) for each name; a pair is its target (at ``precision``) and its int4 drafter."""
-    plan: list[tuple[str, str]] = []
-    for name in names:
-        if name in pairs:
-            target, draft = pairs[name]
-            plan += [(target, precision), (draft, "int4")]
-        else:
-            plan.append((name, precision))
-    return plan
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -263,12 +304,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", required=True, help="output folder")
     bench.set_defaults(func=cmd_bench)
 
-    models = sub.add_parser("models", help="list, fetch or locate models")
-    models.add_argument("action", choices=["list", "fetch", "path"])
+    models = sub.add_parser("models", help="list (with what the cache holds and why), fetch, locate or prune models")
+    models.add_argument("action", choices=["list", "fetch", "path", "prune"],
+                        help="prune: delete what nothing that runs here reads (float32 weights, graphs not chosen, "
+                             "unfinished downloads)")
     models.add_argument("names", nargs="*", help="built-in model or pair names, dirs, .gguf files, Hub ids")
     models.add_argument("--onnx", action=argparse.BooleanOptionalAction, default=True,
-                        help="with fetch: also build ONNX Runtime graphs (a pair: its target, timed once per "
-                             "machine for --precision auto, and its int4 drafter)")
+                        help="with fetch: also build the target's form (a pair: its target, timed once per machine "
+                             "for --precision auto, and its int4 drafter where model drafts can pay beside it)")
     models.add_argument("--keep-weights", action="store_true",
                         help="with fetch: keep the float32 weights converted from a GGUF once its graph is built "
                              "(for backend='torch'; about 4 bytes a parameter)")

@@ -57,6 +57,20 @@ def get_engine(settings: ModelSettings) -> FlyEngine:
         return engine
 
 
+def unload(settings: ModelSettings | None = None) -> None:
+    """Forget the engine for ``settings`` (every engine where None): its memory is freed once no caller holds
+    it, and a later ``get_engine`` loads it again. llama.cpp's objects hold each other in cycles, so the
+    garbage collector runs here rather than at its own next pass."""
+    import gc
+
+    with _engines_lock:
+        if settings is None:
+            _engines.clear()
+        else:
+            _engines.pop(settings, None)
+    gc.collect()
+
+
 def _pick_backend(settings: ModelSettings) -> str:
     if settings.backend not in ("auto", "torch", "onnx"):
         raise InvalidSettingsError(f"backend must be auto, torch or onnx, got {settings.backend!r}")
@@ -171,9 +185,15 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
     target_model = resolve_model(settings.target)
     tokenizer = load_tokenizer(target_model)
     vocab_size = len(tokenizer)
+    precision = target_precision(settings, target_model, tokenizer) if kind == "onnx" else "fp32"
+    target_backend = _make_backend(target_model, kind, settings.device, precision,
+                                   settings.max_batch or max(BATCH_CANDIDATES))
+    draft_name = settings.draft
+    if draft_name == AUTO_DRAFT:
+        draft_name = auto_drafter(settings.target, tokenizer) if _drafts_can_pay(
+            kind, target_backend, target_model, precision) else None
     drafter: Drafter
     lookup: NgramDrafter | None = None
-    draft_name = auto_drafter(settings.target, tokenizer) if settings.draft == AUTO_DRAFT else settings.draft
     if draft_name is None:
         drafter = NgramDrafter()
     else:
@@ -184,9 +204,6 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         # alone before the drafter reads
         lookup = NgramDrafter()
         drafter = ModelDrafter(draft_sequence, vocab_size, lookup)
-    precision = target_precision(settings, target_model, tokenizer) if kind == "onnx" else "fp32"
-    target_backend = _make_backend(target_model, kind, settings.device, precision,
-                                   settings.max_batch or max(BATCH_CANDIDATES))
     max_batch = settings.max_batch
     if max_batch is None and getattr(target_backend, "sequences", 1) > 1:
         max_batch = choose_batch(target_backend, target_model)
@@ -202,6 +219,17 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         draft_name=draft_name,
         max_batch=max_batch,
     )
+
+
+def _drafts_can_pay(kind: str, backend: Backend, model: ResolvedModel, precision: str) -> bool:
+    """Could a drafter model pay beside this target on this machine? On the CPU that is a question of the
+    target's measured prices (tuning.drafts_can_pay); where it cannot, ``draft="auto"`` fetches and loads none
+    and drafts by prompt lookup, and a drafter named outright still loads."""
+    if kind != "onnx":
+        return True  # a GPU verifies a row for almost nothing
+    from fly_runtime.tuning import drafts_can_pay, pass_costs
+
+    return drafts_can_pay(pass_costs(lambda: backend, model, precision))
 
 
 def auto_drafter(target: str, tokenizer) -> str | None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from fly_runtime.sources.cache import cache_dir
+from fly_runtime.sources.convert import GGUF
 from fly_runtime.timing import median_seconds, pass_seconds
 
 _CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8", "asimd",
@@ -37,7 +38,7 @@ AGREEMENT_FLOOR = 0.97
 # largest logit difference between a one-token step and a multi-token pass that counts as the same computation
 ROW_TOLERANCE = 1e-3
 REFERENCE_TOKENS = 1536
-RECORD_VERSION = 3  # records of an older rule are measured again
+RECORD_VERSION = 4  # records of an older rule are measured again
 MEASURE_ROUNDS = 3
 
 
@@ -62,13 +63,20 @@ def machine_id() -> str:
 
 
 def machine_candidates(model=None) -> tuple[str, ...]:
-    """What is worth building and timing here: the int4 graph everywhere; int8 too where the CPU multiplies int8
-    in hardware; the GGUF itself under llama.cpp where the model came as one and llama-cpp-python is installed.
-    fp32 is built only where nothing else qualifies."""
+    """What to time here. A model that came as a GGUF, with llama-cpp-python installed: the GGUF under llama.cpp
+    and whichever of its graphs are built already (a graph is built where asked for, never to be timed: building
+    one converts the model to float32 first). Otherwise the int4 graph, and int8 too where the CPU multiplies int8
+    in hardware, from the model's own weights (int8 of a GGUF model only if built already). fp32 is timed only
+    where nothing else qualifies."""
     from fly_runtime.backends.llama_cpp_backend import available
 
-    graphs = ("int4", "int8") if _cpu()[1] & _INT8_DOT else ("int4",)
-    return graphs + (("gguf",) if model is not None and model.gguf is not None and available() else ())
+    int8 = bool(_cpu()[1] & _INT8_DOT)
+    if model is None or model.gguf is None:
+        return ("int4", "int8") if int8 else ("int4",)
+    built = tuple(p for p in ("int4", "int8") if model.has_graph(p))
+    if available():
+        return (GGUF, *built)
+    return built or ("int4",)
 
 
 def measure_graph(onnx_dir: Path, **kwargs) -> dict:
@@ -206,34 +214,96 @@ def recorded_precision(model_key: str) -> dict | None:
 
 
 def choose_precision(model, tokenizer=None, candidates: tuple[str, ...] | None = None) -> str:
-    """The recorded choice for this machine and model, or (first time) build, time and check each candidate
-    and record the result."""
+    """The recorded choice for this machine and model, or (first time, or where the candidates changed: a graph
+    built since, llama-cpp-python installed since) time and check each candidate and record the result."""
+    candidates = candidates or machine_candidates(model)
     record = recorded_precision(model.key)
-    if record is not None and record.get("version") == RECORD_VERSION:
+    if (record is not None and record.get("version") == RECORD_VERSION
+            and sorted(record.get("candidates", ())) == sorted(candidates)):
         return record["precision"]
     from fly_runtime.loader import open_target
 
-    candidates = candidates or machine_candidates(model)
-    print(f"fly: choosing the target's precision among {', '.join(candidates)} on this machine (once; kept in "
+    print(f"fly: choosing the target's form among {', '.join(candidates)} on this machine (once; kept in "
           f"{_records_file()}) ...", file=sys.stderr, flush=True)
-    if tokenizer is None:
+    if model.gguf is not None and GGUF not in candidates:
+        _say_llama_cpp_missing()
+    backends = {p: open_target(model, p) for p in candidates}
+    graphs = [p for p in candidates if p != GGUF]  # the GGUF is the model as the user has it: nothing to check
+    if graphs and tokenizer is None:
         from fly_runtime.loader import load_tokenizer
 
         tokenizer = load_tokenizer(model)
-    ref = reference(model, tokenizer)
-    backends = {p: open_target(model, p) for p in candidates}
-    costs = {p: fidelity(b, ref) for p, b in backends.items()}
+    ref = reference(model, tokenizer) if graphs else None
+    costs = {p: fidelity(backends[p], ref) if p in graphs else {} for p in candidates}
     # timed in turns, so that the machine's drift (a VM's neighbours, clocks) hits every candidate alike
-    rounds = [{p: measure(b, repeats=4) for p, b in backends.items()} for _ in range(MEASURE_ROUNDS)]
+    rounds = [{p: measure(b, repeats=4) for p, b in backends.items()}
+              for _ in range(MEASURE_ROUNDS if len(backends) > 1 else 1)]
     for p in costs:
         costs[p].update({key: statistics.median(r[p][key] for r in rounds) for key in rounds[0][p]})
+    for backend in backends.values():  # before the engine opens its own: two copies of a model would not fit
+        getattr(backend, "close", lambda: None)()
     del backends
     choice = pick(costs)
     if choice not in costs:  # nothing quantised qualified: the full-precision graph, timed for the record
         costs[choice] = measure(open_target(model, choice))
-    _record(f"{machine_id()}|{model.key}", {"model": model.name, "precision": choice, "ms": costs})
-    print(f"fly: target precision {choice} ({describe(costs)})", file=sys.stderr, flush=True)
+    _record(f"{machine_id()}|{model.key}", {"model": model.name, "precision": choice, "ms": costs,
+                                             "candidates": list(candidates)})
+    print(f"fly: target {choice} ({describe(costs)})", file=sys.stderr, flush=True)
     return choice
+
+
+def _say_llama_cpp_missing() -> None:
+    print("fly: llama-cpp-python is not installed, so this GGUF runs as an ONNX Runtime graph built from it (minutes "
+          "and gigabytes once, slower steps than llama.cpp); `pip install llama-cpp-python==0.3.36` adds llama.cpp "
+          "(it compiles once, 10-25 minutes)", file=sys.stderr, flush=True)
+
+
+def pass_costs(open_backend, model, precision: str) -> dict:
+    """Milliseconds of the target's one-token step ("1") and nine-token pass ("9") at ``precision`` on this
+    machine: from the precision record where it timed this form, else measured once on ``open_backend()`` and
+    recorded."""
+    records = load_records()
+    for key in (f"{machine_id()}|{model.key}", f"{machine_id()}|{model.key}|{precision}|passes"):
+        record = records.get(key)
+        if record is not None and record.get("version") == RECORD_VERSION and precision in record.get("ms", {}):
+            return record["ms"][precision]
+    ms = measure(open_backend(), repeats=4)
+    _record(f"{machine_id()}|{model.key}|{precision}|passes", {"model": model.name, "precision": precision,
+                                                                "ms": {precision: ms}})
+    return ms
+
+
+def drafts_can_pay(ms: dict) -> bool:
+    """Could a drafter model pay beside a target with these pass times, even drafting for free at a survival
+    most drafters never reach (CostProfile.model_drafts_pay)? Where it cannot, none is fetched."""
+    from fly_runtime.adaptive import CostProfile
+
+    step = ms["1"] / 1000
+    return CostProfile(step=step, row=max(0.0, ms["9"] / 1000 - step) / 8, draft=0.0).model_drafts_pay()
+
+
+def forms_in_use() -> dict[str, str]:
+    """The graph folders (by name) that what runs here reads, with why: each target's recorded choice on this
+    machine where it is a graph, and a built-in pair's int4 drafter where drafts can pay beside its target."""
+    from fly_runtime.sources import BUILTIN_MODELS, BUILTIN_PAIRS
+    from fly_runtime.sources.convert import GRAPH_VERSION
+
+    def folder(name: str, key: str, precision: str) -> str:
+        return f"{name}-{key}-{precision}-g{GRAPH_VERSION}"
+
+    drafters = dict(BUILTIN_PAIRS.values())
+    used: dict[str, str] = {}
+    for key, record in load_records().items():
+        parts = key.split("|")
+        if parts[0] != machine_id() or len(parts) != 2 or record.get("version") != RECORD_VERSION:
+            continue
+        precision = record["precision"]
+        if precision != GGUF:
+            used[folder(record["model"], parts[1], precision)] = f"the target here (precision auto chose {precision})"
+        draft = drafters.get(record["model"])
+        if draft in BUILTIN_MODELS and drafts_can_pay(record["ms"][precision]):
+            used[folder(draft, BUILTIN_MODELS[draft].sha256[:16], "int4")] = f"the drafter of {record['model']} here"
+    return used
 
 
 # ------------------------------------------------------------------------------------------ batch size

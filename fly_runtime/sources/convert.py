@@ -29,18 +29,21 @@ def onnx_model_file(onnx_dir: Path) -> Path:
 
 
 def gguf_to_hf(gguf_file: Path, out_dir: Path, weights: bool = True) -> Path:
-    """Dequantise a GGUF into a float32 Hugging Face directory (weights + tokenizer + chat template).
+    """A Hugging Face directory for a GGUF: config, generation config, tokenizer and chat template, read from the
+    GGUF's metadata alone (seconds, no tensor touched); with ``weights``, also its tensors dequantised to float32.
 
-    transformers reads GGUF directly but slowly; converting once makes every later load a plain safetensors
-    load. ``weights=False``: a folder whose float32 weights were dropped (``drop_weights``) will do, for its
-    tokenizer and config; they are converted again when ``weights`` asks for them.
+    llama.cpp runs the GGUF itself and needs only the tokenizer here, so the float32 copy (4 bytes a parameter,
+    peak memory several times the model) is written only for what reads it: the torch backend, a graph build
+    from Hugging Face weights, the full-precision reference of a model fly ships none for.
     """
     if (out_dir / "config.json").is_file() and (not weights or has_weights(out_dir)):
         return out_dir
+    if not weights:
+        return _gguf_metadata_to_hf(gguf_file, out_dir)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _say(f"converting {gguf_file.name} to a Hugging Face model (once; cached in {out_dir}) ...")
+    _say(f"converting {gguf_file.name} to float32 Hugging Face weights (once; cached in {out_dir}) ...")
     start = time.perf_counter()
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
@@ -55,6 +58,24 @@ def gguf_to_hf(gguf_file: Path, out_dir: Path, weights: bool = True) -> Path:
         model.save_pretrained(scratch, safe_serialization=True)
         tokenizer.save_pretrained(scratch)
     _say(f"converted in {time.perf_counter() - start:.0f} s")
+    return out_dir
+
+
+def _gguf_metadata_to_hf(gguf_file: Path, out_dir: Path) -> Path:
+    """The weight-free folder: what ``save_pretrained`` would write beside the weights, from the metadata."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    try:
+        config = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    except Exception as exc:  # as above: the reader's errors on bad bytes are of every kind
+        raise ModelIntegrityError(
+            f"{gguf_file} is not a loadable GGUF model ({exc}); re-download it or pass another file."
+        ) from exc
+    with atomic_directory(out_dir) as scratch:
+        config.save_pretrained(scratch)
+        GenerationConfig.from_model_config(config).save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
     return out_dir
 
 

@@ -51,7 +51,7 @@ class ResolvedModel:
             return self.hf_dir
         if precision not in PRECISIONS:
             raise InvalidSettingsError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-        folder = cache_dir() / "onnx" / f"{self.name}-{self.key}-{precision}-g{GRAPH_VERSION}"
+        folder = self.graph_folder(precision)
         if precision == "int8":
             source = self.build_onnx("fp32")
             with model_lock(folder.name):
@@ -61,6 +61,15 @@ class ResolvedModel:
                 return folder
             return hf_to_onnx(self.weights(), folder, int4=precision == "int4",
                               gguf=self.gguf if precision == "int4" else None)
+
+
+    def graph_folder(self, precision: str) -> Path:
+        """Where this model's graph at ``precision`` is (or would be) cached."""
+        return cache_dir() / "onnx" / f"{self.name}-{self.key}-{precision}-g{GRAPH_VERSION}"
+
+    def has_graph(self, precision: str) -> bool:
+        """Is the graph at ``precision`` built already (an export always is, at its own precision)?"""
+        return self.exported_onnx or onnx_model_file(self.graph_folder(precision)).is_file()
 
 
 def is_onnx_export(folder: Path) -> bool:

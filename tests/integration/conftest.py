@@ -30,14 +30,24 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module", autouse=True)
+def _models_per_module():
+    """Each module's models are dropped after it: the suite needs the memory of its largest module, not of every
+    pair any module loaded (a machine of 24 GB holds about three)."""
+    yield
+    from fly_runtime.loader import unload
+
+    unload()
+
+
+@pytest.fixture(scope="module")
 def engine():
     from fly_runtime import ModelSettings, get_engine
 
     return get_engine(ModelSettings())
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def fp32_engine():
     """The pair with its fp32 target, whose one-token steps and multi-token passes compute a token alike: where
     lossless verification is tested token for token (quantised targets are judged by accuracy instead)."""
@@ -91,7 +101,7 @@ def launch_server(args: list[str], log) -> tuple[subprocess.Popen, str]:
     return proc, base
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def fly_server(tmp_path_factory):
     """`fly serve` on the default pair in a process of its own, on a free port (or, with FLY_SERVER_URL, a
     server already running: scripts/gpu-check.sh points the tests at vLLM)."""

@@ -55,3 +55,40 @@ def test_a_target_without_a_drafter_given_gets_the_one_fly_knows(tmp_path):
     assert engine.draft_name is None and engine.drafter is not None  # prompt lookup
     llm = FlyLLM(target=str(folder), backend="torch", device="cpu", mode="exact", max_tokens=4)
     assert llm.complete("t1 t2 t3").additional_kwargs["fly"]["draft_model"] is None
+
+
+def test_langchain_counts_tokens_with_the_models_own_tokenizer_and_template_offline():
+    """get_num_tokens*, and trim_messages(token_counter=llm), count what a request reads: the default GPT-2
+    tokenizer needs the Hub, which is not there."""
+    from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, trim_messages
+    from langchain_core.tools import tool
+
+    from fly_integrations import FlyChatModel
+
+    @tool
+    def lookup(city: str) -> str:
+        """The population of a city."""
+        return "1"
+
+    llm = FlyChatModel(max_tokens=1)
+    assert llm.get_num_tokens("Hello world") == len(llm.tokenizer().encode("Hello world", add_special_tokens=False))
+    chat = [SystemMessage("Be brief."), HumanMessage("What is 2 + 2?"), AIMessage("4"), HumanMessage("And 3 + 3?")]
+    assert llm.get_num_tokens_from_messages(chat) == llm.invoke(chat).usage_metadata["input_tokens"]
+    with_tools = llm.get_num_tokens_from_messages(chat, tools=[lookup])
+    assert with_tools == llm.bind_tools([lookup]).invoke(chat).usage_metadata["input_tokens"]
+    assert with_tools > llm.get_num_tokens_from_messages(chat)
+    long_chat = [SystemMessage("Be brief.")] + [HumanMessage(f"Question {i} about caching?") for i in range(30)]
+    kept = trim_messages(long_chat, max_tokens=120, token_counter=llm, strategy="last", include_system=True)
+    assert kept[0] == long_chat[0] and 1 < len(kept) < len(long_chat)
+    assert llm.get_num_tokens_from_messages(kept) <= 120
+
+
+def test_the_profile_tells_agent_frameworks_what_the_model_does():
+    from langchain.agents.factory import _supports_provider_strategy
+
+    from fly_integrations import FlyChatModel
+
+    llm = FlyChatModel(context_window=4096)
+    assert llm.profile["tool_calling"] and llm.profile["max_input_tokens"] == 4096
+    # a reply is either a tool call or JSON under the grammar, not both: create_agent's tool strategy serves it
+    assert not _supports_provider_strategy(llm, tools=[])

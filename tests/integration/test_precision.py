@@ -10,7 +10,8 @@ from fly_runtime.chat import encode_chat
 from fly_runtime.loader import DEFAULT_TARGET, ModelSettings, target_precision
 from fly_runtime.sources import resolve_model
 from fly_runtime.sources.convert import GRAPH_VERSION
-from fly_runtime.tuning import AGREEMENT_FLOOR, SHIPPED_REFERENCES, fidelity, recorded_precision, reference
+from fly_runtime.tuning import (AGREEMENT_FLOOR, SHIPPED_REFERENCES, fidelity, machine_candidates, recorded_precision,
+                                reference)
 
 
 def test_the_shipped_reference_is_the_full_precision_models_choices(engine):
@@ -33,11 +34,12 @@ def test_auto_runs_the_fastest_recorded_graph_that_is_the_model(engine):
     record = recorded_precision(model.key)
     assert record is not None and record["precision"] == choice
     measured = record["ms"]
+    assert sorted(measured) == sorted(record["candidates"]) == sorted(machine_candidates(model))
     qualified = [p for p, m in measured.items() if m.get("agreement", 1.0) >= AGREEMENT_FLOOR]
     assert choice == min(qualified, key=lambda p: measured[p]["1"])
     runs = engine.target.backend.name
     assert runs == f"llama.cpp-{model.gguf.stem}" if choice == "gguf" else runs.endswith(f"-{choice}-g{GRAPH_VERSION}")
-    if choice != "fp32":  # measured again now: what the engine runs agrees with the model
+    if choice not in ("fp32", "gguf"):  # a graph, measured again now: what the engine runs agrees with the model
         with engine.exclusive():  # the engine's own target, borrowed between requests
             again = fidelity(engine.target.backend, reference(model, engine.tokenizer))
         assert again["agreement"] >= AGREEMENT_FLOOR
@@ -84,3 +86,24 @@ def test_dropped_weights_are_converted_again_from_the_gguf(tmp_path):
             safe_open(str(next(drafter.weights().glob("*.safetensors"))), "pt") as cached:
         assert torch.equal(fresh.get_tensor("model.norm.weight"), cached.get_tensor("model.norm.weight"))
     assert drop_weights(folder) > 1e9 and not has_weights(folder) and (folder / "config.json").is_file()
+
+
+def test_the_tokenizer_folder_from_the_gguf_metadata_is_the_one_written_beside_the_weights(tmp_path):
+    """A llama.cpp target needs no float32 copy: its tokenizer, chat template, config and end-of-turn ids come from
+    the GGUF's metadata alone, the same as a full conversion writes them."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from fly_runtime.loader import DEFAULT_DRAFT
+    from fly_runtime.sources.convert import gguf_to_hf, has_weights
+
+    drafter = resolve_model(DEFAULT_DRAFT)
+    full = drafter.weights()  # converted with its weights (CI keeps them)
+    light = gguf_to_hf(drafter.gguf, tmp_path / "light", weights=False)
+    assert not has_weights(light)
+    a, b = AutoTokenizer.from_pretrained(full), AutoTokenizer.from_pretrained(light)
+    assert a.get_vocab() == b.get_vocab() and a.chat_template == b.chat_template
+    assert a.all_special_tokens == b.all_special_tokens
+    ca, cb = AutoConfig.from_pretrained(full).to_dict(), AutoConfig.from_pretrained(light).to_dict()
+    for key in ("architectures", "hidden_size", "num_hidden_layers", "vocab_size", "rope_theta", "eos_token_id"):
+        assert ca.get(key) == cb.get(key), key
+    assert GenerationConfig.from_pretrained(full).eos_token_id == GenerationConfig.from_pretrained(light).eos_token_id

@@ -2,7 +2,12 @@
 tests/test_onnx_build.py)."""
 
 from fly_runtime.bench.runner import ModeSpec
-from fly_runtime.tuning import AGREEMENT_FLOOR, describe, machine_candidates, machine_id, pick
+from types import SimpleNamespace
+
+import pytest
+
+from fly_runtime import tuning
+from fly_runtime.tuning import AGREEMENT_FLOOR, describe, drafts_can_pay, machine_candidates, machine_id, pick
 
 # measured on a 2-core AVX2 EPYC (2026-12-02): the GGUF-grid int4 graph agrees with the fp32 weights on 99.3%
 # of teacher-forced tokens, a builder re-quantisation of it on 89.9%
@@ -29,6 +34,37 @@ def test_int8_is_a_candidate_only_where_the_cpu_multiplies_int8():
     flags = open("/proc/cpuinfo").read()
     has_dot = any(f in flags.split() for f in ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp"))
     assert machine_candidates() == (("int4", "int8") if has_dot else ("int4",))
+
+
+@pytest.mark.parametrize("llama_cpp", [True, False])
+def test_a_gguf_model_is_timed_as_it_is_and_as_the_graphs_already_built(monkeypatch, llama_cpp):
+    """Building a graph converts the model to float32 first (gigabytes): never done only to time it."""
+    monkeypatch.setattr("fly_runtime.backends.llama_cpp_backend.available", lambda: llama_cpp)
+    built: set[str] = set()
+    model = SimpleNamespace(gguf="model.gguf", has_graph=lambda p: p in built)
+    assert machine_candidates(model) == (("gguf",) if llama_cpp else ("int4",))
+    built.add("int8")
+    assert machine_candidates(model) == (("gguf", "int8") if llama_cpp else ("int8",))
+
+
+def test_a_drafter_is_fetched_only_where_model_drafts_could_pay():
+    # one-token step / nine-token pass, ms, 2026-12-03 (AVX-512 EPYC): llama.cpp, the int4 graph
+    assert not drafts_can_pay({"1": 45, "9": 360})  # a verified row costs about a step
+    assert drafts_can_pay({"1": 65, "9": 195})  # a row costs a fifth of one
+    assert drafts_can_pay(MEASURED["fp32"])
+
+
+def test_a_record_of_other_candidates_is_timed_again(monkeypatch, tmp_path):
+    """llama-cpp-python installed, or a graph built, since the choice: the choice is made again."""
+    monkeypatch.setenv("FLY_CACHE_DIR", str(tmp_path))
+    model = SimpleNamespace(key="k" * 16, name="m", gguf="model.gguf")
+    tuning._record(f"{machine_id()}|{model.key}", {"model": "m", "precision": "int4", "ms": {}, "candidates": ["int4"]})
+    assert tuning.choose_precision(model, candidates=("int4",)) == "int4"  # as recorded, nothing opened
+    monkeypatch.setattr("fly_runtime.loader.open_target", lambda m, p: pytest.fail(f"opened {p}") if p != "gguf"
+                        else SimpleNamespace())
+    monkeypatch.setattr(tuning, "measure", lambda backend, **kw: {"1": 30.0, "9": 250.0, "row_delta": 0.0})
+    assert tuning.choose_precision(model, candidates=("gguf",)) == "gguf"
+    assert tuning.recorded_precision(model.key)["candidates"] == ["gguf"]
 
 
 def test_machine_id_names_the_cpu_and_its_vector_units():
