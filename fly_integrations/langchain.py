@@ -36,13 +36,20 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
 from fly_integrations.messages import chat_message, openai_tool_choice, response_schema, usage
-from fly_integrations.params import OVERRIDABLE, FlyParams
+from fly_integrations.params import CALL_ALIASES, OVERRIDABLE, FlyParams
 from fly_integrations.prompting import TemplateRefused, render_prompt
 from fly_integrations.replies import Reply, ReplyRequest, stream_reply
 from fly_integrations.streaming import aiter_in_thread
 from fly_integrations.tools import normalize_tool_choice, validate_tool_schema
 from fly_runtime import GenerationResult
-from fly_runtime.errors import InvalidPromptError
+from fly_runtime.errors import InvalidPromptError, InvalidSettingsError
+
+
+# per-call keywords besides the settings: what bind_tools, structured output and agent frameworks pass (strict and
+# parallel_tool_calls are OpenAI's: every call is checked against its schema, several calls may come at once),
+# Ollama's format, llama-server's cache_prompt (a cached prefix is always reused)
+_CALL_FIELDS = {"tools", "tool_choice", "response_format", "model", "strict", "parallel_tool_calls",
+                "ls_structured_output_format", "format", "cache_prompt"}
 
 
 class FlyChatModel(FlyParams, BaseChatModel):
@@ -116,7 +123,7 @@ class FlyChatModel(FlyParams, BaseChatModel):
               *, return_exceptions: bool = False, **kwargs: Any) -> list[AIMessage]:
         """Every input at once unless ``max_concurrency`` says otherwise: the engine decodes the requests
         together (up to ``max_batch``, the rest queue), where LangChain's default pool would run only
-        min(32, CPUs + 4) of them at a time, 6 on two cores."""
+        min(32, CPUs + 4) of them at a time (docs/design.md, "Concurrency")."""
         configs = [c if c.get("max_concurrency") is not None else {**c, "max_concurrency": max(1, len(inputs))}
                    for c in get_config_list(config, len(inputs))]
         return super().batch(inputs, configs, return_exceptions=return_exceptions, **kwargs)
@@ -156,6 +163,10 @@ class FlyChatModel(FlyParams, BaseChatModel):
 
     # ------------------------------------------------------------------------------------------ requests
     def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> ReplyRequest:
+        unknown = sorted(set(kwargs) - set(OVERRIDABLE) - set(CALL_ALIASES) - _CALL_FIELDS)
+        if unknown:  # as ChatOpenAI's server would answer 400: a misspelt setting must not be dropped silently
+            raise InvalidSettingsError(f"unknown call keyword(s) {unknown}: FlyChatModel takes {sorted(OVERRIDABLE)}, "
+                                       f"their Ollama names {sorted(CALL_ALIASES)} and {sorted(_CALL_FIELDS)}")
         return self.reply_request(
             [_to_chat_dict(m, i) for i, m in enumerate(messages)], stop, kwargs,
             model=kwargs.get("model"),
@@ -317,7 +328,9 @@ class FlyChatModel(FlyParams, BaseChatModel):
                                 | _validator(convert_to_openai_tool(schema)["function"].get("parameters", {})))
         elif method in ("json_schema", "json_mode"):
             if method == "json_schema":
-                fmt = {"type": "json_schema", "json_schema": {"schema": convert_to_json_schema(schema)}}
+                json_schema = convert_to_json_schema(schema)  # OpenAI's format names the schema (a server requires it)
+                fmt = {"type": "json_schema", "json_schema": {"name": json_schema.get("title") or "answer",
+                                                              "schema": json_schema}}
             else:
                 fmt = {"type": "json_object"}
             llm = self.bind(response_format=fmt, **trace)

@@ -85,3 +85,15 @@ def response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | 
         return spec.get("schema", {})
     raise InvalidPromptError(f"response_format type must be text, json_object or json_schema, got "
                              f"{response_format.get('type')!r}")
+
+
+def format_schema(fmt: str | dict[str, Any] | None) -> dict[str, Any] | None:
+    """Ollama's ``format`` (ChatOllama's too) as the schema a reply is decoded under: "json" any JSON object, a
+    dict that JSON schema, None or "" plain text."""
+    if fmt in (None, ""):
+        return None
+    if fmt == "json":
+        return {}
+    if isinstance(fmt, dict):
+        return fmt
+    raise InvalidPromptError(f"format must be 'json' or a JSON schema (a dict), got {fmt!r}")

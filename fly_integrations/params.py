@@ -7,6 +7,7 @@ from typing import Any, Literal, get_type_hints
 
 from pydantic import AliasChoices, Field, create_model
 
+from fly_integrations.messages import format_schema
 from fly_integrations.replies import ReplyRequest
 from fly_runtime import FlyEngine, GenerationConfig, ModelSettings, get_engine
 from fly_runtime.config import REQUEST_SETTINGS
@@ -22,8 +23,13 @@ METADATA_STATS = ("mean_accepted", "acceptance_rate", "fly_forgiven", "tokens_pe
 # the adapters' own defaults where they differ from GenerationConfig's: frameworks size replies by max_tokens, and
 # pack prompts up to the stated window, which a CPU reads slowly
 ADAPTER_DEFAULTS = {"max_new_tokens": 512, "context_window": 8192}
-# LlamaIndex names it context_window, LangChain's local models (ChatOllama) num_ctx
-ALIASES = {"context_window": AliasChoices("context_window", "num_ctx")}
+# the names users bring from Ollama (ChatOllama) and llama.cpp for the same settings: LlamaIndex's context_window
+# is Ollama's num_ctx, max_tokens its num_predict, repetition_penalty llama.cpp's repeat_penalty
+ALIASES = {"context_window": AliasChoices("context_window", "num_ctx"),
+           "max_new_tokens": AliasChoices("max_tokens", "num_predict"),
+           "repetition_penalty": AliasChoices("repetition_penalty", "repeat_penalty")}
+# per call, the same
+CALL_ALIASES = {"num_ctx": "context_window", "num_predict": "max_tokens", "repeat_penalty": "repetition_penalty"}
 
 
 def adapter_name(setting: str) -> str:
@@ -62,6 +68,9 @@ class FlyParams(RequestSettings):
         default=GenerationConfig.timeout,
         description="seconds one generation may run; it then ends with finish_reason 'timeout'")
     stop: list[str] | None = Field(default=None, description="stop strings for every request")
+    format: str | dict | None = Field(
+        default=None, description="as Ollama's: 'json' (any JSON object) or a JSON schema every reply is decoded "
+                                  "under, where a call asks for no response_format")
 
     def model_post_init(self, context: Any) -> None:
         super().model_post_init(context)
@@ -105,8 +114,11 @@ class FlyParams(RequestSettings):
         """One call's request: its stops (else the instance's) and per-call setting overrides, checked before
         the model loads, so a bad setting never costs a model load."""
         stops = list(stop if stop is not None else self.stop or [])
+        call_kwargs = {CALL_ALIASES.get(k, k): v for k, v in call_kwargs.items()}
         overrides = {k: call_kwargs[k] for k in OVERRIDABLE if k in call_kwargs}
         self.generation_config(stops, **overrides)
+        if json_schema is None:
+            json_schema = format_schema(call_kwargs.get("format", self.format))
         return ReplyRequest(
             engine=self.engine(model),
             messages=messages,

@@ -86,6 +86,10 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
             config = replace(config, exact_spans=(fmt.span,))
         if request.json_schema is not None:  # decoded under the schema's grammar, verified exactly
             config = replace(config, json_schema=json.dumps(closed_schema(request.json_schema) or {"type": "object"}))
+        elif fmt is not None and choice not in (None, "auto", "none"):  # a forced call, under the tools' schemas
+            parameters = {name: request.parameters_of(name) for name in sorted(request.tool_names or ())}
+            named = choice if choice in parameters else None
+            config = replace(config, json_schema=json.dumps(fmt.forced_schema(parameters, named)))
         with request.engine.stream(prompt.token_ids, config) as stream:
             for piece in stream:
                 if delta := splitter.push(piece):

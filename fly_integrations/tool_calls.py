@@ -18,6 +18,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
+from fly_integrations.tools import closed_schema
 from fly_runtime.text import partial_marker_length
 
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
@@ -35,11 +36,26 @@ class ToolFormat:
     span: tuple[str, str]  # (opening, closing) as decoded with control tokens: FLy verifies calls exactly there
     lead: str | None = None  # a control token that may come before the calls (dropped from streamed text)
 
-    def prefill(self, name: str | None = None) -> str:
-        """Assistant text that opens a call (of the named tool: its arguments object opened too)."""
-        opening = {"hermes": '<tool_call>\n{"name": "', "mistral": '[TOOL_CALLS][{"name": "'}.get(self.name,
-                                                                                                  '{"name": "')
-        return opening if name is None else f'{opening}{name}", "{self.arguments_key}": {{'
+    def prefill(self) -> str:
+        """Assistant text that opens a forced call: the family's marker; the call itself is decoded under
+        ``forced_schema``."""
+        return {"hermes": "<tool_call>\n", "mistral": "[TOOL_CALLS]"}.get(self.name, "")
+
+    def forced_schema(self, parameters: dict[str, dict], name: str | None = None) -> dict:
+        """What a forced call writes after ``prefill()``, as a JSON schema: the named tool's call (one of
+        ``parameters``' tools where no name is given) with its arguments under the tool's parameter schema. The
+        call then parses and follows its schema by construction."""
+        calls = [{"type": "object", "properties": {"name": {"const": tool}, self.arguments_key: _object_schema(schema)},
+                  "required": ["name", self.arguments_key], "additionalProperties": False}
+                 for tool, schema in parameters.items() if name is None or tool == name]
+        call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        return {"type": "array", "items": call, "minItems": 1, "maxItems": 1} if self.name == "mistral" else call
+
+
+def _object_schema(parameters: dict) -> dict:
+    """A tool's parameters as the schema its arguments are decoded under: an object, closed where it lists its
+    properties (tools.closed_schema's rule)."""
+    return closed_schema(parameters) if parameters.get("properties") else {"type": "object"}
 
 
 HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", "arguments", ("<tool_call>", "</tool_call>"))

@@ -37,6 +37,11 @@ REQUEST_SETTINGS: dict[str, str] = {
     "temperature": "sampling temperature (0: greedy)",
     "top_k": "sample from the k most likely tokens (0: off)",
     "top_p": "sample from the smallest set of tokens holding this probability (1: off)",
+    "min_p": "sample only tokens at least this share of the most likely one's probability (0: off)",
+    "repetition_penalty": "divide the logit of every token already in the prompt or reply by this (a negative "
+                          "one multiplied; 1: off; llama.cpp's repeat_penalty)",
+    "frequency_penalty": "lower a token's logit by this for each time the reply has it (OpenAI's; 0: off)",
+    "presence_penalty": "lower a token's logit by this once the reply has it (OpenAI's; 0: off)",
     "seed": "seed for sampling (a seeded request repeats exactly)",
     "warn_prompt_tokens": "warn before reading a prompt longer than this many tokens (0: never)",
     "context_window": "most tokens one request may hold, prompt and reply together (default: the target's "
@@ -61,6 +66,12 @@ class GenerationConfig:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_p: float = 0.0
+    # penalties on repeating tokens (fly_runtime/penalties.py): they apply to every row the target decides, greedy
+    # or sampled, so verification checks drafts against the penalised target
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     seed: int | None = None
     stop: tuple[str, ...] = field(default_factory=tuple)
     timeout: float | None = None  # seconds a request may run; it then ends with finish_reason "timeout"
@@ -122,6 +133,14 @@ class GenerationConfig:
             raise InvalidSettingsError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise InvalidSettingsError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise InvalidSettingsError(f"min_p must be in [0, 1) (0 = off), got {self.min_p}")
+        if not 0.01 <= self.repetition_penalty <= 100:  # beyond, a logit divided by it overflows to inf
+            raise InvalidSettingsError(f"repetition_penalty must be in [0.01, 100] (1 = off), got "
+                                       f"{self.repetition_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise InvalidSettingsError(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
         if self.max_new_tokens < 1:
             raise InvalidSettingsError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):

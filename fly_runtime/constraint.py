@@ -8,6 +8,7 @@ grammar allows, so whatever it commits, forgiven or not, parses.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -28,10 +29,13 @@ class JsonConstraint:
         import llguidance
 
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                schema, defaults={"whitespace_flexible": True})
+            json.loads(schema)
         except ValueError as exc:
             raise InvalidSettingsError(f"json_schema is not a JSON object: {exc}") from None
+        # the value, then up to two whitespace characters: a model ends a JSON value with tokens such as "}}\n"
+        # (its object closed, then a new line), which a grammar ending at the brace forbids, and a model denied
+        # them keeps writing what is still allowed (more digits of a number, say) until its budget runs out
+        grammar = llguidance.LLMatcher.grammar_from_lark(f"start: value /[ \\t\\n]{{0,2}}/\nvalue: %json {schema}")
         self.matcher = llguidance.LLMatcher(grammar_tokenizer, grammar, log_level=0)
         if self.matcher.is_error():
             raise InvalidSettingsError(f"json_schema cannot be decoded to: {self.matcher.get_error()}")

@@ -29,6 +29,7 @@ from fly_runtime.constraint import JsonConstraint, grammar_tokenizer
 from fly_runtime.drafters import Draft, Drafter, DraftShape
 from fly_runtime.errors import EngineBusyError, FlyWarning, InvalidPromptError, InvalidSettingsError
 from fly_runtime.numbers import digit_token_mask
+from fly_runtime.penalties import Penalties
 from fly_runtime.proposer import Learned, Proposal, Proposer
 from fly_runtime.sampling import Sampler
 from fly_runtime.spans import ExactSpans
@@ -291,10 +292,12 @@ class FlyEngine:
         if config.mode != "ar" and self.learned.costs is None:
             self.learned.costs = self._measure_costs(target)  # once per engine (a few passes); the timeout counts it
         seed = config.seed if config.seed is not None else int(torch.randint(0, 2**62, ()).item())
-        sampler = Sampler(config.temperature, config.top_k, config.top_p, torch.Generator().manual_seed(seed))
+        sampler = Sampler(config.temperature, config.top_k, config.top_p, torch.Generator().manual_seed(seed),
+                          config.min_p)
         request = _Request(prompt, config, sampler, self._verification(config, prompt),
                            StopTextStream(self.tokenizer, config.stop), self.eos_token_ids, start, self.draft_name)
         request.target = target
+        request.penalties = Penalties.of(config, prompt, self.vocab_size)
         if config.json_schema is not None:
             if self._grammar_tokenizer is None:
                 self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
@@ -411,6 +414,8 @@ class FlyEngine:
         draft_ids = proposal.draft.token_ids
         cached = len(target)  # the target has seen all of context but its last token
         logits = target.extend([context[-1], *draft_ids])[:, : self.vocab_size]
+        if request.penalties is not None:  # each row as a plain step at its position would see it
+            logits = request.penalties.apply(logits, request.committed, draft_ids)
         if proposal.masks is not None:
             logits = logits.masked_fill(~proposal.masks, float("-inf"))
         ids = torch.tensor(draft_ids, dtype=torch.long)
@@ -438,9 +443,12 @@ class _Request:
         self.proposer: Proposer  # made once the prompt is read
         self.target: CachedSequence  # the request's sequence of the target's cache
         self.constraint: JsonConstraint | None = None  # the grammar a structured reply follows
+        self.penalties: Penalties | None = None  # repetition, frequency and presence penalties, where asked for
 
     def pick(self, logits: torch.Tensor) -> int:
-        """The target's token from one row of logits, among those the grammar allows."""
+        """The target's token from one row of logits, penalised as asked, among those the grammar allows."""
+        if self.penalties is not None:
+            logits = self.penalties.apply(logits[None], self.committed)[0]
         if self.constraint is not None:
             logits = logits.masked_fill(~self.constraint.allowed(), float("-inf"))
         return self.sampler.pick(logits)[0]

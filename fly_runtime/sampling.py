@@ -15,6 +15,7 @@ class Sampler:
     top_k: int = 0  # 0 = no top-k filter
     top_p: float = 1.0
     generator: torch.Generator | None = None
+    min_p: float = 0.0  # tokens below this share of the top token's probability are dropped (0 = off)
 
     MIN_TEMPERATURE = 1e-5
 
@@ -39,6 +40,8 @@ class Sampler:
             drop_sorted[..., 0] = False  # even where top_p rounds to 0 in float32
             drop = drop_sorted.scatter(-1, order, drop_sorted)
             scaled = scaled.masked_fill(drop, float("-inf"))
+        if self.min_p > 0:  # scaled is 0 at the top token: its share is exp(scaled)
+            scaled = scaled.masked_fill(scaled < float(torch.log(torch.tensor(self.min_p))), float("-inf"))
         return scaled.softmax(dim=-1)
 
     def pick(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:

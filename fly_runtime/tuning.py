@@ -1,16 +1,17 @@
-"""The target's precision, and how many requests it decodes together, for this machine: chosen by measurement
-once and kept in the cache.
+"""The target's form, and how many requests it decodes together, for this machine: chosen by measurement once
+and kept in the cache.
 
-``precision="auto"`` runs the fastest target that still is the model: an ONNX Runtime graph or the GGUF itself
-under llama.cpp. Which decodes fastest depends on the CPU (instruction set, cores, memory bandwidth), so each
-candidate's one-token step and nine-token pass are timed once per machine and model; and a quantised
-candidate qualifies only where, teacher-forced over a fixed text, its next-token choice agrees with the
-model's full-precision weights at least as often as ``AGREEMENT_FLOOR`` (llama.cpp on the same GGUF agrees
-97.9-98.0%; the measurements are in docs/benchmarks.md). Token identity between one-token steps and multi-token passes is measured and reported,
-not required: quantised kernels round one row differently from several, as llama.cpp's and vLLM's do. The
-record lives in ``<cache>/tuning.json``; ``fly models list`` shows it and ``precision=...`` overrides it. Where the
-target's cache holds several sequences (llama.cpp), ``choose_batch`` times one-token passes over 1-16 of them and
-keeps the smallest count near the best throughput (``max_batch=...`` overrides it).
+``precision="auto"`` runs the fastest target that still is the model: the GGUF under llama.cpp, or an ONNX Runtime
+graph already built. Which decodes fastest depends on the CPU (instruction set, cores, memory bandwidth), so each
+candidate's one-token step and nine-token pass are timed once per machine and model; a graph qualifies only
+where, teacher-forced over a fixed text, its next-token choice agrees with the model's full-precision weights at
+least as often as ``AGREEMENT_FLOOR`` (llama.cpp on the same GGUF agrees about as often: docs/benchmarks.md). Token
+identity between one-token steps and multi-token passes is measured and reported, not required: quantised kernels
+round one row differently from several, as llama.cpp's and vLLM's do. The record lives in ``<cache>/tuning.json``;
+``fly models list`` shows it and ``precision=...`` overrides it. Where the target's cache holds several sequences
+(llama.cpp), ``choose_batch`` times one-token passes over 1-16 of them and keeps the smallest count near the best
+throughput (``max_batch=...`` overrides it). The same passes price a drafter model: where it cannot pay beside the
+target, ``draft="auto"`` fetches none (``drafts_can_pay``).
 """
 
 from __future__ import annotations

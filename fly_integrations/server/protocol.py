@@ -61,7 +61,7 @@ class CompletionRequest(BaseModel):
 def overrides(request: ChatRequest | CompletionRequest) -> dict[str, Any]:
     """The request's settings for fly: the OpenAI sampling fields and fly's extra fields (unknown extras are
     an error naming the known ones, not silently dropped)."""
-    extra = dict(request.model_extra or {})
+    extra = {schema.ALIASES.get(k, k): v for k, v in (request.model_extra or {}).items()}
     unknown = sorted(set(extra) - set(OVERRIDABLE) - set(schema.IGNORED) - set(schema.UNSUPPORTED))
     if extra.get("logprobs") or extra.get("top_logprobs"):
         raise InvalidPromptError("logprobs / top_logprobs are not returned by fly: leave them out (or false / 0)")
@@ -69,7 +69,9 @@ def overrides(request: ChatRequest | CompletionRequest) -> dict[str, Any]:
         raise InvalidPromptError(f"unknown request field(s) {unknown}: fly takes the OpenAI fields and its own "
                                  f"settings {sorted(set(OVERRIDABLE) - {'max_tokens'})}")
     values = {k: schema.as_json_type(k, v) for k, v in extra.items() if k in OVERRIDABLE}
-    budget = getattr(request, "max_completion_tokens", None) or request.max_tokens
+    aliased = values.pop("max_tokens", None)  # n_predict / num_predict, where max_tokens is not set
+    explicit = request.max_tokens if "max_tokens" in request.model_fields_set else None
+    budget = getattr(request, "max_completion_tokens", None) or explicit or aliased or request.max_tokens
     for name, value in (("max_tokens", budget), ("temperature", request.temperature), ("top_p", request.top_p),
                         ("seed", request.seed)):
         if value is not None:

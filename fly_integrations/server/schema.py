@@ -195,14 +195,21 @@ FLY_SETTINGS: dict[str, dict[str, Any]] = {
     "ngram": {"type": "boolean"},
     "adaptive": {"type": "boolean"},
     "top_k": {"type": "integer", "minimum": 0},
+    "min_p": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+    "repetition_penalty": {"type": "number", "minimum": 0.01, "maximum": 100},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
     "warn_prompt_tokens": {"type": "integer", "minimum": 0},
     "context_window": {"type": ["integer", "null"], "minimum": 2,
                        "description": "most tokens the request may hold, prompt and reply: prompt tokens + max_tokens "
                                       "must fit"},
 }
-# OpenAI fields fly accepts and has no use for
-IGNORED = ("user", "logit_bias", "frequency_penalty", "presence_penalty", "parallel_tool_calls", "store",
-           "metadata", "service_tier")
+# other servers' names for fly's settings (llama-server's and Ollama's), taken as those
+ALIASES: dict[str, str] = {"repeat_penalty": "repetition_penalty", "n_predict": "max_tokens",
+                           "num_predict": "max_tokens"}
+# fields fly accepts and has no use for: OpenAI's, and llama-server's cache_prompt (fly always reuses a cached
+# prefix)
+IGNORED = ("user", "logit_bias", "parallel_tool_calls", "store", "metadata", "service_tier", "cache_prompt")
 # OpenAI fields fly refuses where they ask for something it does not give
 UNSUPPORTED = {"logprobs": {"enum": [False, None]}, "top_logprobs": {"enum": [0, None]}}
 
@@ -237,7 +244,7 @@ def limit_max_tokens(document: dict[str, Any], context_window: int) -> None:
     """State the server's budget: max_tokens up to half its context window (the prompt needs the rest)."""
     for name in ("ChatRequest", "CompletionRequest"):
         properties = document["components"]["schemas"][name]["properties"]
-        for field in ("max_tokens", "max_completion_tokens"):
+        for field in ("max_tokens", "max_completion_tokens", *(a for a, name in ALIASES.items() if name == "max_tokens")):
             if field in properties:
                 properties[field] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": context_window // 2},
                                                {"type": "null"}], "title": field}
@@ -248,6 +255,8 @@ def request_schema(schema: dict[str, Any]) -> None:
     nothing else allowed (an unknown field is answered 400)."""
     properties = schema.setdefault("properties", {})
     properties.update({name: dict(rule, title=name) for name, rule in FLY_SETTINGS.items()})
+    properties.update({alias: dict(FLY_SETTINGS.get(name, {"type": "integer", "minimum": 1}), title=alias)
+                       for alias, name in ALIASES.items()})
     properties.update({name: {"title": name} for name in IGNORED})
     properties.update({name: dict(rule, title=name) for name, rule in UNSUPPORTED.items()})
     schema["additionalProperties"] = False

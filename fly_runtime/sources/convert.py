@@ -72,6 +72,10 @@ def _gguf_metadata_to_hf(gguf_file: Path, out_dir: Path) -> Path:
         raise ModelIntegrityError(
             f"{gguf_file} is not a loadable GGUF model ({exc}); re-download it or pass another file."
         ) from exc
+    if not config.architectures:  # the GGUF names a family, not a class: the family's causal LM, as a full save says
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[config.model_type]]
     with atomic_directory(out_dir) as scratch:
         config.save_pretrained(scratch)
         GenerationConfig.from_model_config(config).save_pretrained(scratch)

@@ -3,7 +3,7 @@
 A Q4_K_M GGUF stores most matrices as Q4_K: rows in blocks of 32 columns whose weights are ``a * q - b`` (q in
 0..15, one scale ``a`` and one minimum ``b`` per block). ONNX Runtime's MatMulNBits computes ``s * (q - z)``
 with an integer zero point z, and its fast CPU kernels take only integer zero points, so quantising the
-dequantised weights again rounds ``b / a`` to an integer: a second rounding, 8-9% rms off the GGUF's weights.
+dequantised weights again rounds ``b / a`` to an integer: a second rounding, well off the GGUF's weights.
 Here each block keeps the GGUF's own q and a, the zero point is ``round(b / a)``, and the residual
 ``a * z - b`` of each block is added back by a small product: the block sums of the activations times a
 [blocks x N] matrix (8-bit, in blocks of 16), about a fifth of the main product's bytes. Q6_K matrices

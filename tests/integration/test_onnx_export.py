@@ -29,8 +29,9 @@ def exported_drafter(tmp_path_factory):
 
 def test_an_optimum_export_drafts_and_exact_stays_identical_to_ar(exported_drafter):
     assert is_onnx_export(exported_drafter) and resolve_model(str(exported_drafter)).exported_onnx
-    # its own fp32 pair (where rows compute alike), dropped after the test: the suite keeps enough pairs loaded
-    engine = load_engine(ModelSettings(draft=str(exported_drafter), precision="fp32"))
+    # its own fp32 pair (where rows compute alike), dropped after the test: the export drafts for the same model's
+    # fp32 graph as fly builds it (the 0.5B: two float32 copies of the 1.5B would take half the machine)
+    engine = load_engine(ModelSettings(target=DEFAULT_DRAFT, draft=str(exported_drafter), precision="fp32"))
     try:
         assert engine.draft_name == str(exported_drafter)
         ids = encode_chat(engine.tokenizer, [

@@ -89,3 +89,34 @@ def test_langchain_json_schema_structured_output_under_fly():
                                         "required": ["name"]}, method="json_schema", include_raw=True).invoke(
         "Invent a pet name.")
     assert raw["parsing_error"] is None and isinstance(raw["parsed"]["name"], str)
+
+
+@pytest.mark.parametrize("prompt, schema", SCHEMAS[:4], ids=[f"schema{i}" for i in range(4)])
+def test_every_frameworks_default_structured_path_follows_the_schema(prompt, schema):
+    """LangChain's with_structured_output (default method json_schema), its function_calling method, and
+    LlamaIndex's structured_predict (a forced tool call): each decodes under the schema's grammar, so every reply
+    parses and validates, whatever the model would have written."""
+    from llama_index.core.prompts import PromptTemplate
+
+    from fly_integrations import FlyLLM
+
+    titled = {"title": "answer", "description": "the answer", **schema}
+    by_default = FlyChatModel(max_tokens=96).with_structured_output(titled).invoke(prompt)
+    jsonschema.validate(by_default, schema)
+    called = FlyChatModel(max_tokens=96).with_structured_output(titled, method="function_calling").invoke(prompt)
+    jsonschema.validate(called, schema)
+    model = _pydantic_model(titled)
+    predicted = FlyLLM(max_tokens=96).structured_predict(model, PromptTemplate(prompt))
+    jsonschema.validate(predicted.model_dump(), schema)
+
+
+def _pydantic_model(schema: dict) -> type[BaseModel]:
+    """A pydantic model for ``schema`` (LlamaIndex's programs take classes), with the schema as its JSON schema."""
+    from pydantic import ConfigDict, create_model
+
+    fields = {name: (object, ...) if name in schema.get("required", []) else (object, None)
+              for name in schema["properties"]}
+    model = create_model("Answer", __config__=ConfigDict(json_schema_extra=lambda s, _: s.update(
+        {k: v for k, v in schema.items() if k not in ("title",)})), **fields)
+    model.__doc__ = "the answer"
+    return model

@@ -22,3 +22,37 @@ def test_draft_model_names_the_drafter(cls):
 def test_an_unknown_keyword_is_an_error_that_names_it(cls):
     with pytest.raises(ValidationError, match="modle"):
         cls(modle="Qwen/Qwen2.5-7B-Instruct")
+
+
+@pytest.mark.parametrize("cls", [FlyChatModel, FlyLLM])
+def test_ollama_and_llama_cpp_names_set_the_same_settings(cls):
+    llm = cls(num_predict=64, repeat_penalty=1.1, num_ctx=2048, min_p=0.05, frequency_penalty=0.2)
+    assert (llm.max_tokens, llm.repetition_penalty, llm.context_window) == (64, 1.1, 2048)
+    config = llm.generation_config()
+    assert (config.max_new_tokens, config.repetition_penalty, config.min_p, config.frequency_penalty) == \
+        (64, 1.1, 0.05, 0.2)
+
+
+def test_a_misspelt_call_keyword_is_an_error_not_dropped(monkeypatch):
+    """Per call too (ChatOpenAI's server answers 400): checked before any model loads."""
+    from fly_runtime import InvalidSettingsError
+
+    llm = FlyChatModel()
+    monkeypatch.setattr(FlyChatModel, "engine", lambda self, target=None: pytest.fail("loaded a model"))
+    with pytest.raises(InvalidSettingsError, match="temprature"):
+        llm._request([], None, {"temprature": 0.5})
+    with pytest.raises(InvalidSettingsError, match="repetition_penalty"):
+        llm._request([], None, {"repeat_penalty": 0})  # an Ollama name, checked as the setting it is
+
+
+def test_ollama_format_asks_for_json_as_response_format_does(monkeypatch):
+    from fly_integrations.messages import format_schema
+
+    assert format_schema("json") == {} and format_schema({"type": "object"}) == {"type": "object"}
+    assert format_schema(None) is None
+    monkeypatch.setattr(FlyChatModel, "engine", lambda self, target=None: None)
+    llm = FlyChatModel(format="json")
+    assert llm._request([], None, {}).json_schema == {}
+    assert llm._request([], None, {"format": {"type": "array"}}).json_schema == {"type": "array"}
+    schema = {"type": "json_schema", "json_schema": {"schema": {"type": "string"}}}
+    assert llm._request([], None, {"response_format": schema}).json_schema == {"type": "string"}

@@ -52,6 +52,18 @@ def test_settings_fields_and_formats_translate():
         response_schema({"type": "yaml"})
 
 
+def test_sampling_fields_users_bring_are_honoured_under_their_names_and_llama_servers():
+    """OpenAI's penalties, min_p, and llama-server's / Ollama's names for the same settings become fly's settings;
+    cache_prompt is taken (fly reuses a cached prefix anyway)."""
+    request = protocol.ChatRequest(messages=[], frequency_penalty=0.5, presence_penalty=0.25, min_p=0.05,
+                                   repeat_penalty=1.1, n_predict=9, cache_prompt=True)
+    assert protocol.overrides(request) == {"frequency_penalty": 0.5, "presence_penalty": 0.25, "min_p": 0.05,
+                                           "repetition_penalty": 1.1, "max_tokens": 9}
+    both = protocol.CompletionRequest(prompt="x", max_tokens=5, num_predict=9)
+    assert protocol.overrides(both)["max_tokens"] == 5  # OpenAI's own field wins
+    assert protocol.overrides(protocol.CompletionRequest(prompt="x", num_predict=9))["max_tokens"] == 9
+
+
 def test_the_queue_serves_in_arrival_order_refuses_beyond_its_depth_and_times_out():
     async def scenario() -> tuple[list[int], bool, bool]:
         admission, order = Admission(depth=2), []
