@@ -45,7 +45,7 @@ def main() -> int:
         sampled = values.get("temperature", 0) > 0
         for seed in args.seeds if sampled else [None]:
             extra = {"model": args.model} if args.model else {}
-            llm = FlyChatModel(max_tokens=args.max_tokens, temperature=0, seed=seed, **extra, **values)
+            llm = FlyChatModel(max_tokens=args.max_tokens, seed=seed, **({"temperature": 0} | extra | values))
             for i, task in enumerate(TASKS):
                 row = {"setting": name, "seed": seed, "task": i, **run_task(llm, task, args.recursion_limit)}
                 runs.append(row)
