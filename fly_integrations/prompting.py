@@ -48,12 +48,14 @@ def check_messages(messages: list[dict]) -> None:
 
 
 def tool_choice_prefill(tool_choice: str | None, tool_names: list[str], fmt: ToolFormat = HERMES) -> str:
-    """Assistant-turn text that opens a call in the family's format where ``tool_choice`` forces one (``any``, or
-    a tool's name); the call itself is decoded under its schema (``ToolFormat.forced_schema``)."""
+    """Assistant-turn text that opens a call in the family's format where ``tool_choice`` forces one: ``any`` opens
+    a call, a name also fixes the tool; the rest is decoded under the tools' schemas (``ToolFormat.forced_grammar``)."""
     if not tool_names or tool_choice in (None, "auto", "none"):
         return ""
-    if tool_choice in ("any", "required") or tool_choice in tool_names:
+    if tool_choice in ("any", "required"):
         return fmt.prefill()
+    if tool_choice in tool_names:
+        return fmt.prefill(tool_choice)
     raise InvalidPromptError(
         f"tool_choice {tool_choice!r} names no bound tool; bound tools: {', '.join(tool_names)} "
         "(or use 'auto', 'any', 'none')"
@@ -77,8 +79,7 @@ def render_prompt(
                                  "trained for tool calling (Qwen2.5, Llama 3.1+, Mistral), or call without tools")
     names = [t["function"]["name"] for t in tools or []]
     prefill = tool_choice_prefill(tool_choice, names, fmt or HERMES)
-    forced = bool(names) and tool_choice not in (None, "auto", "none")
-    stop: tuple[str, ...] = (fmt.closing,) if forced and fmt and fmt.closing else ()
+    stop: tuple[str, ...] = (fmt.closing,) if prefill and fmt and fmt.closing else ()
     if json_schema is not None:
         instruction = "Reply with one JSON object and nothing else."
         if json_schema:

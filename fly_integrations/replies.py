@@ -86,10 +86,9 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
             config = replace(config, exact_spans=(fmt.span,))
         if request.json_schema is not None:  # decoded under the schema's grammar, verified exactly
             config = replace(config, json_schema=json.dumps(closed_schema(request.json_schema) or {"type": "object"}))
-        elif fmt is not None and choice not in (None, "auto", "none"):  # a forced call, under the tools' schemas
+        elif prompt.prefill and fmt is not None:  # a forced call: the rest under the tools' schemas
             parameters = {name: request.parameters_of(name) for name in sorted(request.tool_names or ())}
-            named = choice if choice in parameters else None
-            config = replace(config, json_schema=json.dumps(fmt.forced_schema(parameters, named)))
+            config = replace(config, grammar=fmt.forced_grammar(parameters, choice if choice in parameters else None))
         with request.engine.stream(prompt.token_ids, config) as stream:
             for piece in stream:
                 if delta := splitter.push(piece):

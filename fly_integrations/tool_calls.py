@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from fly_integrations.tools import closed_schema
+from fly_runtime.constraint import TRAILING
 from fly_runtime.text import partial_marker_length
 
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
@@ -36,20 +37,26 @@ class ToolFormat:
     span: tuple[str, str]  # (opening, closing) as decoded with control tokens: FLy verifies calls exactly there
     lead: str | None = None  # a control token that may come before the calls (dropped from streamed text)
 
-    def prefill(self) -> str:
-        """Assistant text that opens a forced call: the family's marker; the call itself is decoded under
-        ``forced_schema``."""
-        return {"hermes": "<tool_call>\n", "mistral": "[TOOL_CALLS]"}.get(self.name, "")
+    def prefill(self, name: str | None = None) -> str:
+        """Assistant text that opens a forced call (of the named tool: up to its arguments), so that the tokens a
+        caller's budget pays for are the ones the model chooses; the rest is decoded under ``forced_grammar``."""
+        opening = {"hermes": '<tool_call>\n{"name": "', "mistral": '[TOOL_CALLS][{"name": "'}.get(self.name,
+                                                                                                  '{"name": "')
+        return opening if name is None else f'{opening}{name}", "{self.arguments_key}": '
 
-    def forced_schema(self, parameters: dict[str, dict], name: str | None = None) -> dict:
-        """What a forced call writes after ``prefill()``, as a JSON schema: the named tool's call (one of
-        ``parameters``' tools where no name is given) with its arguments under the tool's parameter schema. The
+    def forced_grammar(self, parameters: dict[str, dict], name: str | None = None) -> str:
+        """The rest of a forced call after ``prefill(name)`` as a grammar (llguidance's Lark): the named tool's
+        arguments under its parameter schema, or (no name) one of ``parameters``' tools by name and its arguments,
+        then the brackets that close the call; the reply ends there (the parser does without a closing tag). The
         call then parses and follows its schema by construction."""
-        calls = [{"type": "object", "properties": {"name": {"const": tool}, self.arguments_key: _object_schema(schema)},
-                  "required": ["name", self.arguments_key], "additionalProperties": False}
-                 for tool, schema in parameters.items() if name is None or tool == name]
-        call = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        return {"type": "array", "items": call, "minItems": 1, "maxItems": 1} if self.name == "mistral" else call
+        tail = f'{json.dumps("}]" if self.name == "mistral" else "}")} {TRAILING}'
+        if name is not None:
+            return f"start: args {tail}\nargs: %json {json.dumps(_object_schema(parameters[name]))}"
+        rules = [f"start: {' | '.join(f'call{i}' for i in range(len(parameters)))}"]
+        for i, (tool, schema) in enumerate(parameters.items()):
+            lead = json.dumps(f'{tool}", "{self.arguments_key}": ')
+            rules += [f"call{i}: {lead} args{i} {tail}", f"args{i}: %json {json.dumps(_object_schema(schema))}"]
+        return "\n".join(rules)
 
 
 def _object_schema(parameters: dict) -> dict:

@@ -84,6 +84,9 @@ class GenerationConfig:
     # a JSON schema (as a JSON string) the reply must follow: every position the target decides is masked to what
     # the schema allows, and drafts are verified exactly. '{"type": "object"}' asks for any JSON object
     json_schema: str | None = None
+    # or a grammar in llguidance's Lark dialect (its %json embeds a schema): a forced tool call, whose arguments follow
+    # the tool's schema between the family's fixed call text
+    grammar: str | None = None
     # (opening, closing) text markers of output spans that FLy verifies exactly, e.g. a tool call's JSON
     exact_spans: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     # FLy never forgives a drafted token when it or the target's token holds a digit: a different number is a
@@ -159,6 +162,8 @@ class GenerationConfig:
                 raise InvalidSettingsError(f"json_schema must be a JSON schema as a JSON string: {exc}") from None
             if not isinstance(schema, dict):
                 raise InvalidSettingsError(f"json_schema must be a JSON object, got {type(schema).__name__}")
+        if self.grammar is not None and (not isinstance(self.grammar, str) or self.json_schema is not None):
+            raise InvalidSettingsError("grammar must be a Lark grammar as a string, and not set with json_schema")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise InvalidSettingsError(f"stop sequences must be non-empty strings, got {s!r}")

@@ -24,21 +24,31 @@ def grammar_tokenizer(tokenizer, vocab_size: int, eos_token_ids: Sequence[int]):
     return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_token_ids))
 
 
+# what may follow a value: up to two whitespace characters. A model closes a JSON value with tokens such as "}}\n"
+# (its object closed, then a new line), which a grammar ending at the brace forbids, and a model denied them keeps
+# writing what is still allowed (more digits of a number, say) until its budget runs out
+TRAILING = "/[ \\t\\n]{0,2}/"
+
+
 class JsonConstraint:
-    def __init__(self, grammar_tokenizer, schema: str, vocab_size: int, eos_token_ids: Sequence[int]) -> None:
+    def __init__(self, grammar_tokenizer, schema: str | None, vocab_size: int, eos_token_ids: Sequence[int],
+                 lark: str | None = None) -> None:
+        """A JSON ``schema`` (a JSON string), or a ``lark`` grammar in llguidance's dialect."""
         import llguidance
 
+        if lark is None:
+            try:
+                json.loads(schema)
+            except (TypeError, ValueError) as exc:
+                raise InvalidSettingsError(f"json_schema is not a JSON object: {exc}") from None
+            lark = f"start: value {TRAILING}\nvalue: %json {schema}"
         try:
-            json.loads(schema)
+            grammar = llguidance.LLMatcher.grammar_from_lark(lark)
         except ValueError as exc:
-            raise InvalidSettingsError(f"json_schema is not a JSON object: {exc}") from None
-        # the value, then up to two whitespace characters: a model ends a JSON value with tokens such as "}}\n"
-        # (its object closed, then a new line), which a grammar ending at the brace forbids, and a model denied
-        # them keeps writing what is still allowed (more digits of a number, say) until its budget runs out
-        grammar = llguidance.LLMatcher.grammar_from_lark(f"start: value /[ \\t\\n]{{0,2}}/\nvalue: %json {schema}")
+            raise InvalidSettingsError(f"the reply's grammar cannot be read: {exc}") from None
         self.matcher = llguidance.LLMatcher(grammar_tokenizer, grammar, log_level=0)
         if self.matcher.is_error():
-            raise InvalidSettingsError(f"json_schema cannot be decoded to: {self.matcher.get_error()}")
+            raise InvalidSettingsError(f"the reply's grammar cannot be decoded to: {self.matcher.get_error()}")
         self.vocab_size = vocab_size
         self.eos = frozenset(eos_token_ids)
 

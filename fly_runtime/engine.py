@@ -298,11 +298,11 @@ class FlyEngine:
                            StopTextStream(self.tokenizer, config.stop), self.eos_token_ids, start, self.draft_name)
         request.target = target
         request.penalties = Penalties.of(config, prompt, self.vocab_size)
-        if config.json_schema is not None:
+        if config.json_schema is not None or config.grammar is not None:
             if self._grammar_tokenizer is None:
                 self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
             request.constraint = JsonConstraint(self._grammar_tokenizer, config.json_schema, self.vocab_size,
-                                                self.eos_token_ids)
+                                                self.eos_token_ids, lark=config.grammar)
         return request
 
     def _prefill(self, request: _Request) -> list[int]:
@@ -390,7 +390,7 @@ class FlyEngine:
             self.learned.prefill_per_token = seconds / tokens
 
     def _verification(self, config: GenerationConfig, prompt: list[int]) -> Verification:
-        if config.mode != "fly" or config.json_schema is not None:  # structured replies are verified exactly
+        if config.mode != "fly" or config.json_schema is not None or config.grammar is not None:  # structured: exact
             return Verification()
         markers = config.exact_spans + ((CODE_FENCE,) if config.exact_code else ())
         spans = ExactSpans(self.tokenizer, markers, prompt) if markers else None

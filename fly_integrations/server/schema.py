@@ -235,7 +235,7 @@ class BodyCheck:
 
 def as_json_type(name: str, value: Any) -> Any:
     """A setting's value as its type: JSON Schema counts 3.0 as an integer, and fly's settings take it as 3."""
-    rule = FLY_SETTINGS.get(name, {})
+    rule = FLY_SETTINGS.get(name, {"type": "integer"} if name == "max_tokens" else {})  # max_tokens: n_predict's
     integer = "integer" in (rule.get("type") if isinstance(rule.get("type"), list) else [rule.get("type")])
     return int(value) if integer and isinstance(value, float) and value.is_integer() else value
 

@@ -40,6 +40,16 @@ def _models_per_module():
     unload()
 
 
+@pytest.fixture
+def fp32_alone():
+    """A test that loads the fp32 pair (6.6 GB) loads it alone: every other pair is dropped before and after it."""
+    from fly_runtime.loader import unload
+
+    unload()
+    yield
+    unload()
+
+
 @pytest.fixture(scope="module")
 def engine():
     from fly_runtime import ModelSettings, get_engine

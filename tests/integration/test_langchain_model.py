@@ -28,7 +28,7 @@ def convert_currency(amount: float, currency: str) -> str:
     return f"{amount * 1.1:.2f} {currency}"
 
 
-def test_exact_answer_equals_ar_answer():
+def test_exact_answer_equals_ar_answer(fp32_alone):
     # at fp32, where the target computes a token alike in a step and in a pass (precision is a model setting)
     ar = FlyChatModel(mode="ar", temperature=0, max_tokens=64, precision="fp32").invoke(QUESTION)
     exact = FlyChatModel(mode="exact", temperature=0, max_tokens=64, precision="fp32").invoke(QUESTION)

@@ -27,7 +27,7 @@ def test_metadata_tells_the_truth():
     assert meta.model_name == "qwen2.5-coder-1.5b-instruct" and meta.num_output == 512
 
 
-def test_exact_completion_equals_ar():
+def test_exact_completion_equals_ar(fp32_alone):
     ar = FlyLLM(mode="ar", temperature=0, max_tokens=48, precision="fp32").complete(PROMPT)
     exact = FlyLLM(mode="exact", temperature=0, max_tokens=48, precision="fp32").complete(PROMPT)
     assert exact.text == ar.text

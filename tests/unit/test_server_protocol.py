@@ -62,6 +62,7 @@ def test_sampling_fields_users_bring_are_honoured_under_their_names_and_llama_se
     both = protocol.CompletionRequest(prompt="x", max_tokens=5, num_predict=9)
     assert protocol.overrides(both)["max_tokens"] == 5  # OpenAI's own field wins
     assert protocol.overrides(protocol.CompletionRequest(prompt="x", num_predict=9))["max_tokens"] == 9
+    assert protocol.overrides(protocol.CompletionRequest(prompt="x", n_predict=9.0))["max_tokens"] == 9  # JSON's 9.0
 
 
 def test_the_queue_serves_in_arrival_order_refuses_beyond_its_depth_and_times_out():

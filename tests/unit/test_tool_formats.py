@@ -120,28 +120,25 @@ def test_each_family_streams_prose_and_holds_its_calls(family):
 def test_tool_choice_opens_a_call_in_the_familys_format(family):
     fmt, tok = FAMILIES[family]
     forced = tool_choice_prefill("get_time", ["get_weather", "get_time"], fmt)
-    call = '{"name": "get_time", "' + fmt.arguments_key + '": {"city": "Lima"}}'
-    rest = f"[{call}]" if fmt is MISTRAL else call  # where the call's schema ends: no closing tag
+    rest = '{"city": "Lima"}}' + ("]" if fmt is MISTRAL else "")  # where the grammar ends: no closing tag
     parsed = parse_tool_calls(tok.decode(tok.encode(forced + rest, add_special_tokens=False), skip_special_tokens=True),
                               {"get_weather", "get_time"}, fmt)
     assert [(c.name, c.arguments) for c in parsed.calls] == [CALLS[1]]
-    # the forced call's schema takes exactly that, and neither another tool nor arguments outside the tool's schema
+    # the forced call's grammar takes exactly that rest, and neither another tool nor arguments outside its schema
     parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-    assert _schema_takes(fmt.forced_schema(parameters, "get_time"), rest, tok)
-    assert _schema_takes(fmt.forced_schema(parameters), rest, tok)  # "any": one of the tools
-    assert not _schema_takes(fmt.forced_schema(parameters, "get_weather"), rest, tok)
-    assert not _schema_takes(fmt.forced_schema(parameters), rest.replace("city", "town"), tok)
-    assert not _schema_takes(fmt.forced_schema(parameters), rest.replace("get_time", "get_date"), tok)
+    assert _grammar_takes(fmt.forced_grammar(parameters, "get_time"), rest, tok)
+    assert not _grammar_takes(fmt.forced_grammar(parameters, "get_time"), rest.replace("city", "town"), tok)
+    named = 'get_time", "' + fmt.arguments_key + '": '
+    assert _grammar_takes(fmt.forced_grammar(parameters), named + rest, tok)  # "any": one of the tools
+    assert not _grammar_takes(fmt.forced_grammar(parameters), named.replace("time", "date") + rest, tok)
 
 
-def _schema_takes(schema: dict, text: str, tok) -> bool:
-    """Does the grammar of ``schema`` accept ``text`` whole, as ``tok`` tokenizes it?"""
-    import json
-
+def _grammar_takes(lark: str, text: str, tok) -> bool:
+    """Does the grammar accept ``text`` whole, as ``tok`` tokenizes it?"""
     import llguidance
     import llguidance.hf
 
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults={"whitespace_flexible": True})
+    grammar = llguidance.LLMatcher.grammar_from_lark(lark)
     matcher = llguidance.LLMatcher(llguidance.hf.from_tokenizer(tok, n_vocab=len(tok)), grammar, log_level=0)
     return matcher.consume_tokens(tok.encode(text, add_special_tokens=False)) and matcher.is_accepting()
     prompt = render_prompt(tok, CONVERSATION[:1], TOOLS, "any")
