@@ -8,7 +8,6 @@ grammar allows, so whatever it commits, forgiven or not, parses.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -36,11 +35,7 @@ class JsonConstraint:
         """A JSON ``schema`` (a JSON string), or a ``lark`` grammar in llguidance's dialect."""
         import llguidance
 
-        if lark is None:
-            try:
-                json.loads(schema)
-            except (TypeError, ValueError) as exc:
-                raise InvalidSettingsError(f"json_schema is not a JSON object: {exc}") from None
+        if lark is None:  # GenerationConfig has checked that the schema is a JSON object
             lark = f"start: value {TRAILING}\nvalue: %json {schema}"
         try:
             grammar = llguidance.LLMatcher.grammar_from_lark(lark)

@@ -274,23 +274,26 @@ def pass_costs(open_backend, model, precision: str) -> dict:
     return ms
 
 
-def drafts_can_pay(ms: dict) -> bool:
-    """Could a drafter model pay beside a target with these pass times, even drafting for free at a survival
-    most drafters never reach (CostProfile.model_drafts_pay)? Where it cannot, none is fetched."""
+def pass_prices(ms: dict):
+    """``pass_costs``' milliseconds as the adaptive policy's prices: a step, and what each token past the first of
+    a pass adds (a verified row); drafting free."""
     from fly_runtime.adaptive import CostProfile
 
     step = ms["1"] / 1000
-    return CostProfile(step=step, row=max(0.0, ms["9"] / 1000 - step) / 8, draft=0.0).model_drafts_pay()
+    return CostProfile(step=step, row=max(0.0, ms["9"] / 1000 - step) / 8, draft=0.0)
+
+
+def drafts_can_pay(ms: dict) -> bool:
+    """Could a drafter model pay beside a target with these pass times, even drafting for free at a survival
+    most drafters never reach (CostProfile.model_drafts_pay)? Where it cannot, none is fetched."""
+    return pass_prices(ms).model_drafts_pay()
 
 
 def forms_in_use() -> dict[str, str]:
     """The graph folders (by name) that what runs here reads, with why: each target's recorded choice on this
     machine where it is a graph, and a built-in pair's int4 drafter where drafts can pay beside its target."""
     from fly_runtime.sources import BUILTIN_MODELS, BUILTIN_PAIRS
-    from fly_runtime.sources.convert import GRAPH_VERSION
-
-    def folder(name: str, key: str, precision: str) -> str:
-        return f"{name}-{key}-{precision}-g{GRAPH_VERSION}"
+    from fly_runtime.sources.convert import graph_folder_name as folder
 
     drafters = dict(BUILTIN_PAIRS.values())
     used: dict[str, str] = {}

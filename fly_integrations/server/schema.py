@@ -204,9 +204,10 @@ FLY_SETTINGS: dict[str, dict[str, Any]] = {
                        "description": "most tokens the request may hold, prompt and reply: prompt tokens + max_tokens "
                                       "must fit"},
 }
-# other servers' names for fly's settings (llama-server's and Ollama's), taken as those
+# other servers' names for fly's settings (llama-server's and Ollama's), taken as those, under the same rule
 ALIASES: dict[str, str] = {"repeat_penalty": "repetition_penalty", "n_predict": "max_tokens",
                            "num_predict": "max_tokens"}
+_RULES = FLY_SETTINGS | {"max_tokens": {"type": "integer", "minimum": 1}}
 # fields fly accepts and has no use for: OpenAI's, and llama-server's cache_prompt (fly always reuses a cached
 # prefix)
 IGNORED = ("user", "logit_bias", "parallel_tool_calls", "store", "metadata", "service_tier", "cache_prompt")
@@ -235,7 +236,7 @@ class BodyCheck:
 
 def as_json_type(name: str, value: Any) -> Any:
     """A setting's value as its type: JSON Schema counts 3.0 as an integer, and fly's settings take it as 3."""
-    rule = FLY_SETTINGS.get(name, {"type": "integer"} if name == "max_tokens" else {})  # max_tokens: n_predict's
+    rule = _RULES.get(name, {})
     integer = "integer" in (rule.get("type") if isinstance(rule.get("type"), list) else [rule.get("type")])
     return int(value) if integer and isinstance(value, float) and value.is_integer() else value
 
@@ -255,8 +256,7 @@ def request_schema(schema: dict[str, Any]) -> None:
     nothing else allowed (an unknown field is answered 400)."""
     properties = schema.setdefault("properties", {})
     properties.update({name: dict(rule, title=name) for name, rule in FLY_SETTINGS.items()})
-    properties.update({alias: dict(FLY_SETTINGS.get(name, {"type": "integer", "minimum": 1}), title=alias)
-                       for alias, name in ALIASES.items()})
+    properties.update({alias: dict(_RULES[name], title=alias) for alias, name in ALIASES.items()})
     properties.update({name: {"title": name} for name in IGNORED})
     properties.update({name: dict(rule, title=name) for name, rule in UNSUPPORTED.items()})
     schema["additionalProperties"] = False

@@ -23,6 +23,11 @@ def _say(message: str) -> None:
     print(f"fly: {message}", file=sys.stderr, flush=True)
 
 
+def graph_folder_name(model_name: str, key: str, precision: str) -> str:
+    """The cache folder of a model's graph at ``precision`` (``inventory._GRAPH`` reads the name back)."""
+    return f"{model_name}-{key}-{precision}-g{GRAPH_VERSION}"
+
+
 def onnx_model_file(onnx_dir: Path) -> Path:
     """The graph inside a built folder (its weights sit beside it in ``model.onnx.data``)."""
     return onnx_dir / "model.onnx"

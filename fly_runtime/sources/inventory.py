@@ -16,6 +16,7 @@ from pathlib import Path
 from fly_runtime.sources.cache import cache_dir
 from fly_runtime.sources.convert import GRAPH_VERSION
 
+# convert.graph_folder_name read back
 _GRAPH = re.compile(r"^(?P<model>.+)-(?P<key>[0-9a-f]{16})-(?P<precision>fp32|int8|int4)-g(?P<version>\d+)$")
 
 

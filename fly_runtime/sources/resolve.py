@@ -11,7 +11,7 @@ from fly_runtime.errors import InvalidSettingsError, ModelNotFoundError
 from fly_runtime.sources.builtin import BUILTIN_MODELS, fetch_builtin
 from fly_runtime.sources.cache import cache_dir, file_identity, fingerprint, model_lock
 from fly_runtime.sources.convert import (
-    GRAPH_VERSION,
+    graph_folder_name,
     PRECISIONS,
     gguf_to_hf,
     hf_to_onnx,
@@ -65,7 +65,7 @@ class ResolvedModel:
 
     def graph_folder(self, precision: str) -> Path:
         """Where this model's graph at ``precision`` is (or would be) cached."""
-        return cache_dir() / "onnx" / f"{self.name}-{self.key}-{precision}-g{GRAPH_VERSION}"
+        return cache_dir() / "onnx" / graph_folder_name(self.name, self.key, precision)
 
     def has_graph(self, precision: str) -> bool:
         """Is the graph at ``precision`` built already (an export always is, at its own precision)?"""
