@@ -8,6 +8,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, Sys
 from langchain_core.tools import tool
 from pydantic import BaseModel, Field
 
+from tests.integration.conftest import EXACT_PAIR
 from fly_integrations import FlyChatModel
 from fly_runtime.config import GenerationConfig
 from fly_runtime.errors import InvalidPromptError, InvalidSettingsError
@@ -30,8 +31,8 @@ def convert_currency(amount: float, currency: str) -> str:
 
 def test_exact_answer_equals_ar_answer(fp32_alone):
     # at fp32, where the target computes a token alike in a step and in a pass (precision is a model setting)
-    ar = FlyChatModel(mode="ar", temperature=0, max_tokens=64, precision="fp32").invoke(QUESTION)
-    exact = FlyChatModel(mode="exact", temperature=0, max_tokens=64, precision="fp32").invoke(QUESTION)
+    ar = FlyChatModel(mode="ar", temperature=0, max_tokens=64, **EXACT_PAIR).invoke(QUESTION)
+    exact = FlyChatModel(mode="exact", temperature=0, max_tokens=64, **EXACT_PAIR).invoke(QUESTION)
     assert exact.content == ar.content
     # τ of ar is 1 token per forward (a little under when EOS took the last forward)
     assert exact.response_metadata["mean_accepted"] > 1.5 > ar.response_metadata["mean_accepted"]

@@ -4,6 +4,7 @@ import pytest
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.tools import FunctionTool
 
+from tests.integration.conftest import EXACT_PAIR
 from fly_integrations import FlyChatModel, FlyLLM
 from fly_runtime.errors import InvalidPromptError
 
@@ -28,8 +29,8 @@ def test_metadata_tells_the_truth():
 
 
 def test_exact_completion_equals_ar(fp32_alone):
-    ar = FlyLLM(mode="ar", temperature=0, max_tokens=48, precision="fp32").complete(PROMPT)
-    exact = FlyLLM(mode="exact", temperature=0, max_tokens=48, precision="fp32").complete(PROMPT)
+    ar = FlyLLM(mode="ar", temperature=0, max_tokens=48, **EXACT_PAIR).complete(PROMPT)
+    exact = FlyLLM(mode="exact", temperature=0, max_tokens=48, **EXACT_PAIR).complete(PROMPT)
     assert exact.text == ar.text
     assert exact.additional_kwargs["fly"]["mean_accepted"] > 1.0
 

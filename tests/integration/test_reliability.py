@@ -9,6 +9,7 @@ import psutil
 import pytest
 from langchain_core.messages import ChatMessage, HumanMessage
 
+from tests.integration.conftest import EXACT_PAIR
 from fly_integrations import FlyChatModel, FlyLLM
 from fly_runtime import (
     IncompatibleModelsError,
@@ -33,9 +34,9 @@ REQUESTS = [
     ("What does CPU stand for?", "exact"),
 ]
 # what each request's own answer says, whatever near-tie its decoding took (any one of the words)
-OWN = [("red", "blue"), ("sum",), ("rome",), ("guten",), (" au",), ("quick", "rapid", "swift", "speedy"),
+OWN = [("red", "blue"), ("sum",), ("rome",), ("guten",), (" au", '"au'), ("quick", "rapid", "swift", "speedy"),
        ("select",), ("central processing",)]
-FP32 = {"precision": "fp32"}  # a target whose kernels compute a row alike in any pass: answers are exact
+FP32 = EXACT_PAIR  # a target whose kernels compute a row alike in any pass: answers are exact
 
 
 def ask(prompt: str, mode: str, **settings) -> str:
@@ -194,10 +195,10 @@ def test_invalid_tool_call_output_is_reported_not_raised():
 
 # ----------------------------------------------------------------------------------------------- soak
 @pytest.mark.slow
-def test_soak_300_requests_without_memory_growth():
+def test_soak_150_requests_without_memory_growth():
     model = FlyChatModel(max_tokens=6)
     process = psutil.Process()
-    prompts = [json.dumps({"n": i}) + " Reply with one word." for i in range(330)]
+    prompts = [json.dumps({"n": i}) + " Reply with one word." for i in range(180)]
     for prompt in prompts[:30]:  # warm-up: allocator pools and caches reach their working size
         model.invoke(prompt)
     gc.collect()
@@ -210,4 +211,4 @@ def test_soak_300_requests_without_memory_growth():
             model.invoke(prompt, mode=mode)
     gc.collect()
     growth = (process.memory_info().rss - before) / before
-    assert growth < 0.05, f"RSS grew {growth:.1%} over 300 requests"
+    assert growth < 0.05, f"RSS grew {growth:.1%} over 150 requests"

@@ -51,8 +51,8 @@ def test_a_fly_reply_under_a_json_schema_always_parses_and_validates(engine, que
     jsonschema.validate(json.loads(result.text), schema)
 
 
-def test_the_grammar_keeps_exact_decoding_identical_to_plain_decoding(fp32_engine):
-    engine = fp32_engine
+def test_the_grammar_keeps_exact_decoding_identical_to_plain_decoding(exact_engine):
+    engine = exact_engine
     question, schema = SCHEMAS[7]
     ids = encode_chat(engine.tokenizer, [{"role": "user", "content": question}])
     ar, exact = (engine.generate(ids, GenerationConfig(mode=mode, max_new_tokens=96, json_schema=json.dumps(schema)))
