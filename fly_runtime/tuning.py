@@ -39,7 +39,12 @@ AGREEMENT_FLOOR = 0.97
 # largest logit difference between a one-token step and a multi-token pass that counts as the same computation
 ROW_TOLERANCE = 1e-3
 REFERENCE_TOKENS = 1536
-RECORD_VERSION = 4  # records of an older rule are measured again
+RECORD_VERSION = 5  # records of an older rule are measured again
+# the turn a form is judged by (docs/design.md, "Choosing the target's form"): an agent's tool turn or a RAG
+# answer reads a few hundred tokens and writes about a hundred; drafts there (prompt lookup, the grammar's
+# forced tokens) are free and survive about this often
+TURN_READ, TURN_WRITE, TURN_SURVIVAL = 400, 100, 0.6
+READ_TOKENS = 64  # the prompt-read pass timed per form
 MEASURE_ROUNDS = 3
 
 
@@ -87,15 +92,16 @@ def measure_graph(onnx_dir: Path, **kwargs) -> dict:
     return measure(OrtBackend(onnx_dir, threads=os.cpu_count()), **kwargs)
 
 
-def measure(backend, context: int = 150, rows: tuple[int, ...] = (1, 9), repeats: int = 6) -> dict:
-    """Median milliseconds of a pass over each of ``rows`` new tokens at ``context`` cached tokens, and
-    ``row_delta``: the largest logit difference between one-token steps and 4- and 9-token passes over the
-    same tokens."""
-    prompt, tokens = [100 + i % 300 for i in range(context)], list(range(400, 409))  # ids every vocabulary has
+def measure(backend, context: int = 150, rows: tuple[int, ...] = (1, 9, READ_TOKENS), repeats: int = 6) -> dict:
+    """Median milliseconds of a pass over each of ``rows`` new tokens at ``context`` cached tokens (the longest:
+    a prompt read, timed fewer times), and ``row_delta``: the largest logit difference between one-token steps
+    and 4- and 9-token passes over the same tokens."""
+    prompt = [100 + i % 300 for i in range(context)]  # ids every vocabulary has
+    tokens = [400 + i % 300 for i in range(max(rows))]
     backend.crop(0)
     backend.forward(prompt, keep=1)
-    out = {str(n): pass_seconds(backend.forward, backend.crop, context, tokens[:n], repeats - 1, warmup=1) * 1000
-           for n in rows}
+    out = {str(n): pass_seconds(backend.forward, backend.crop, context, tokens[:n],
+                                repeats - 1 if n <= 16 else 2, warmup=1) * 1000 for n in rows}
     single = np.concatenate([backend.forward([t]).numpy() for t in tokens])
     delta = 0.0
     for chunk in (4, 9):
@@ -184,10 +190,21 @@ def fidelity(backend, ref: dict[str, np.ndarray]) -> dict[str, float]:
 
 # ------------------------------------------------------------------------------------------ the choice
 def pick(costs: dict[str, dict]) -> str:
-    """The fastest one-token step among the graphs that qualify (agreement at least ``AGREEMENT_FLOOR``; a
-    graph measured without a fidelity qualifies, as fp32 does by being the reference); fp32 if none does."""
+    """The form that serves a typical turn fastest (``turn_seconds``) among those that qualify (agreement at
+    least ``AGREEMENT_FLOOR``; a form measured without a fidelity qualifies, as fp32 does by being the
+    reference, and the GGUF by being the model as the user has it); fp32 if none does."""
     ok = [p for p, c in costs.items() if c.get("agreement", 1.0) >= AGREEMENT_FLOOR]
-    return min(ok, key=lambda p: (costs[p]["1"], costs[p]["9"])) if ok else "fp32"
+    return min(ok, key=lambda p: (turn_seconds(costs[p]), costs[p]["1"])) if ok else "fp32"
+
+
+def turn_seconds(ms: dict) -> float:
+    """Seconds of a typical turn on a form with these pass times: reading TURN_READ prompt tokens, then writing
+    TURN_WRITE at the speed-up free drafts reach there (none where a verified row costs about a step). A record
+    without a timed prompt read prices it as nine-token passes."""
+    prices = pass_prices(ms)
+    read = ms[str(READ_TOKENS)] / READ_TOKENS if str(READ_TOKENS) in ms else ms["9"] / 9
+    speedup = max(1.0, prices.best_speedup(TURN_SURVIVAL, by_model=False))
+    return (TURN_READ * read / 1000) + TURN_WRITE * prices.step / speedup
 
 
 def _records_file() -> Path:
@@ -348,6 +365,8 @@ def describe(costs: dict[str, dict]) -> str:
     parts = []
     for p, c in costs.items():
         text = f"{p} {c['1']:.0f} / {c['9']:.0f} ms"
+        if str(READ_TOKENS) in c:
+            text += f" / {c[str(READ_TOKENS)]:.0f} ms, a typical turn {turn_seconds(c):.1f} s"
         if "agreement" in c:
             text += f", agrees {100 * c['agreement']:.1f}%"
             if c["agreement"] < AGREEMENT_FLOOR:
@@ -355,4 +374,4 @@ def describe(costs: dict[str, dict]) -> str:
         if c.get("row_delta", 0.0) > ROW_TOLERANCE:
             text += f", steps and passes differ by {c['row_delta']:.2f}"
         parts.append(text)
-    return "one step / nine tokens: " + "; ".join(parts)
+    return f"one step / nine tokens / {READ_TOKENS} read: " + "; ".join(parts)

@@ -24,8 +24,25 @@ def test_the_fastest_graph_that_is_still_the_model_wins():
     assert pick({"int4": dict(MEASURED["int4"], agreement=AGREEMENT_FLOOR)}) == "int4"
 
 
+def test_the_form_that_serves_a_typical_turn_fastest_wins_not_the_fastest_step():
+    """Pass times (ms: one step, nine tokens, a 64-token prompt read), 2026-12-03 on an AVX-512 EPYC: llama.cpp
+    steps faster, but its verified rows cost about a step (no free draft pays) and it reads prompts slower; the
+    int4 graph's rows cost a fifth of a step. On the AVX2 EPYC the same graph read prompts at half the speed."""
+    gguf = {"1": 45, "9": 360, "64": 1184}
+    int4 = {"1": 68, "9": 195, "64": 960, "agreement": 0.992}
+    assert pick({"gguf": gguf, "int4": int4}) == "int4"
+    assert tuning.turn_seconds(int4) < tuning.turn_seconds(gguf)
+    assert pick({"gguf": gguf, "int4": dict(int4, **{"64": 2300})}) == "gguf"
+    # the reply's part: plain steps where a row costs about a step, faster than steps where rows are cheap
+    write = {name: tuning.turn_seconds(dict(ms, **{"64": 0})) for name, ms in (("gguf", gguf), ("int4", int4))}
+    assert write["gguf"] == pytest.approx(tuning.TURN_WRITE * 0.045)
+    assert write["int4"] < tuning.TURN_WRITE * 0.068
+    assert "a typical turn" in describe({"gguf": gguf})
+
+
 def test_the_record_says_why_a_faster_graph_was_passed_over():
     text = describe({"int4": dict(MEASURED["int4"], agreement=0.899), "int8": MEASURED["int8"]})
+    assert "a typical turn" not in text  # an older record, without a timed prompt read
     assert "int4 97 / 323 ms, agrees 89.9% (< 97%: not the model), steps and passes differ by 0.24" in text
     assert "int8 114 / 461 ms, agrees 98.5%" in text
 
