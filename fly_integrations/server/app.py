@@ -9,6 +9,7 @@ out waiting.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import json
@@ -19,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from fly_integrations.messages import response_schema, tool_choice
@@ -28,7 +29,9 @@ from fly_integrations.prompting import check_messages
 from fly_integrations.replies import ReplyRequest, stream_reply
 from fly_integrations.server import protocol, schema
 from fly_integrations.server.admission import Admission, QueueFull, QueueTimeout
+from fly_integrations.server.metrics import CONTENT_TYPE, CountResponses, Metrics
 from fly_integrations.streaming import aiter_in_thread
+from fly_runtime.embeddings import DEFAULT_EMBEDDING, Embedder
 from fly_runtime.errors import EngineBusyError, FlyError
 
 
@@ -38,6 +41,7 @@ class ServerSettings:
     queue_depth: int = 16  # requests waiting for the engine before new ones are refused (429)
     request_timeout: float | None = None  # seconds a request may wait and run, unless it asks for less
     max_body_bytes: int = 4 * 1024 * 1024
+    embedding_model: str | None = DEFAULT_EMBEDDING  # /v1/embeddings' model, loaded on its first request
 
 
 class _ApiError(Exception):
@@ -55,6 +59,8 @@ class _State:
     engine: Any
     admission: Admission
     bodies: schema.BodyCheck | None = None  # the document's request rules, checked on every request
+    metrics: Metrics = dataclasses.field(default_factory=Metrics)
+    embedder: Embedder | None = None
 
     @property
     def model_id(self) -> str:
@@ -68,8 +74,11 @@ def create_app(params: FlyParams, settings: ServerSettings) -> FastAPI:
     """The app for one model pair (loaded here, before the first request)."""
     app = FastAPI(title="fly", version="1", description=_DESCRIPTION)
     engine = params.engine()
-    app.state.fly = _State(params, settings, engine, Admission(settings.queue_depth, engine.slots.count))
+    embedder = Embedder(settings.embedding_model) if settings.embedding_model else None
+    state = app.state.fly = _State(params, settings, engine, Admission(settings.queue_depth, engine.slots.count),
+                                   embedder=embedder)
     app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(CountResponses, metrics=state.metrics, paths={route.path for route in router.routes})
     app.add_exception_handler(_ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _bad_body)
     app.add_exception_handler(HTTPException, _http_error)
@@ -151,6 +160,8 @@ async def _events(state: _State, opened: Any, timeout: float | None) -> AsyncIte
         async with admission.turn(timeout):
             left = None if timeout is None else max(0.001, timeout - (time.perf_counter() - start))
             async for item in aiter_in_thread(lambda: opened(left)):
+                if not isinstance(item, str):  # the generation's result: its figures join /metrics
+                    state.metrics.generation(item)
                 yield item
     except QueueFull as exc:
         raise _ApiError(429, f"the server is busy ({admission.waiting} requests waiting): retry later",
@@ -221,6 +232,30 @@ async def health(request: Request) -> dict[str, Any]:
 async def models(request: Request) -> dict[str, Any]:
     state = _authorize(request)
     return {"object": "list", "data": [{"id": state.model_id, "object": "model", "created": 0, "owned_by": "fly"}]}
+
+
+@router.get("/metrics", response_class=PlainTextResponse, responses={**schema.METRICS, **schema.ERRORS})
+async def metrics(request: Request) -> PlainTextResponse:
+    state = _authorize(request)
+    admission = state.admission
+    text = state.metrics.render(admission.waiting, admission.running, admission.turns)
+    return PlainTextResponse(text, media_type=CONTENT_TYPE)
+
+
+@router.post("/v1/embeddings", response_model=schema.EmbeddingList, responses=schema.ERRORS)
+async def embeddings(body: protocol.EmbeddingRequest, request: Request) -> dict[str, Any]:
+    state = _authorize(request)
+    if state.embedder is None:
+        raise _ApiError(400, "this server has no embedding model: start it with --embedding-model NAME",
+                        "invalid_request_error")
+    try:
+        dimensions = await asyncio.to_thread(lambda: state.embedder.dimensions)  # loads the model once
+        texts = protocol.embedding_texts(body, dimensions)
+        vectors, tokens = await asyncio.to_thread(state.embedder.embed, texts)
+    except FlyError as exc:
+        raise _ApiError(400, str(exc), "invalid_request_error") from None
+    state.metrics.embedding(len(texts), tokens)
+    return protocol.embedding_list(state.embedder.name, vectors, tokens, body.encoding_format)
 
 
 @router.post("/v1/chat/completions", response_model=schema.ChatCompletion,

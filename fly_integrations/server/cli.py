@@ -16,7 +16,8 @@ LOOPBACK = ("localhost",)
 
 
 def register(sub, add_model_args, add_decoding_args) -> None:
-    serve = sub.add_parser("serve", help="an OpenAI-compatible server (/v1/chat/completions, /v1/completions)")
+    serve = sub.add_parser("serve", help="an OpenAI-compatible server (/v1/chat/completions, /v1/completions, "
+                                                 "/v1/embeddings, /metrics)")
     add_model_args(serve)
     add_decoding_args(serve)
     serve.set_defaults(max_new_tokens=512)
@@ -29,6 +30,9 @@ def register(sub, add_model_args, add_decoding_args) -> None:
     serve.add_argument("--request-timeout", type=float, default=None,
                        help="seconds a request may wait and run (a request may ask for less with 'timeout')")
     serve.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body (413 beyond it)")
+    serve.add_argument("--embedding-model", default="all-MiniLM-L6-v2",
+                       help="/v1/embeddings' sentence-transformers model: a folder, a cached Hub id, or 'none' "
+                            "(default: the bundled all-MiniLM-L6-v2, loaded on the first embeddings request)")
     serve.add_argument("--engine", choices=["fly", "vllm"], default="fly",
                        help="fly: this process serves the model; vllm: start `vllm serve` with FLy's settings")
     serve.add_argument("--tensor-parallel-size", type=int, default=1, help="with --engine vllm")
@@ -86,8 +90,9 @@ def run(args: argparse.Namespace) -> int:
                        device=settings.device, precision=settings.precision, max_batch=settings.max_batch,
                        **{adapter_name(name): getattr(config, name) for name in REQUEST_SETTINGS})
     print(f"fly: loading {settings.target} ...", file=sys.stderr, flush=True)
+    embedding = None if args.embedding_model.lower() == "none" else args.embedding_model
     app = create_app(params, ServerSettings(args.api_key, args.queue_depth, args.request_timeout,
-                                            int(args.max_body_mb * 1024 * 1024)))
+                                            int(args.max_body_mb * 1024 * 1024), embedding))
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 import uuid
@@ -13,9 +14,13 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from fly_integrations.messages import chat_message, usage
 from fly_integrations.params import OVERRIDABLE
+from fly_integrations.reasoning import Reasoning
 from fly_integrations.replies import Reply
 from fly_integrations.server import schema
 from fly_runtime.errors import InvalidPromptError
+
+
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on texts a request
 
 
 class ChatRequest(BaseModel):
@@ -56,6 +61,48 @@ class CompletionRequest(BaseModel):
     stop: Annotated[str | list[str] | None, WithJsonSchema(schema.STOP)] = None
     n: Annotated[int, Field(ge=1, le=1)] = 1
     timeout: Annotated[float | None, Field(gt=0)] = None
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # an unknown field is refused by name
+
+    # texts (the document's only form); OpenAI also takes token ids, which name another model's tokenizer:
+    # they are read here only to be refused with the fix
+    input: Annotated[str | list[str] | list[int] | list[list[int]], WithJsonSchema({"anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS,
+         "items": {"type": "string", "minLength": 1}}]})]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] | None = None
+    dimensions: Annotated[int | None, Field(ge=1, description="the model's own (384 for all-MiniLM-L6-v2): "
+                                                               "vectors are not shortened")] = None
+    user: str | None = None
+
+
+def embedding_texts(request: EmbeddingRequest, dimensions: int) -> list[str]:
+    """The request's texts, checked: strings only, none empty, at most MAX_EMBEDDING_INPUTS, and ``dimensions``
+    (if sent) the model's own (its vectors are not shortened)."""
+    texts = [request.input] if isinstance(request.input, str) else request.input
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise InvalidPromptError("input must be a string or a list of strings: token ids name another model's "
+                                 "tokenizer (LangChain: OpenAIEmbeddings(..., check_embedding_ctx_length=False))")
+    if len(texts) > MAX_EMBEDDING_INPUTS:
+        raise InvalidPromptError(f"input holds {len(texts)} texts: send at most {MAX_EMBEDDING_INPUTS} a request")
+    if empty := [i for i, t in enumerate(texts) if not t]:
+        raise InvalidPromptError(f"input {empty[0]} is an empty string: leave it out")
+    if request.dimensions is not None and request.dimensions != dimensions:
+        raise InvalidPromptError(f"dimensions {request.dimensions}: this embedding model writes {dimensions}; "
+                                 "leave dimensions out")
+    return texts
+
+
+def embedding_list(model: str, vectors, tokens: int, encoding: str | None) -> dict[str, Any]:
+    """OpenAI's embeddings response; base64 is the little-endian float32 bytes the openai client decodes."""
+    def encoded(row) -> Any:
+        return base64.b64encode(row.astype("<f4").tobytes()).decode() if encoding == "base64" else row.tolist()
+
+    return {"object": "list", "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "data": [{"object": "embedding", "index": i, "embedding": encoded(row)} for i, row in enumerate(vectors)]}
 
 
 def overrides(request: ChatRequest | CompletionRequest) -> dict[str, Any]:
@@ -156,6 +203,8 @@ class Head:
 
 def chat_completion(head: Head, reply: Reply) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
+    if reply.reasoning:  # a thinking model's reasoning, under the name vLLM and DeepSeek's API give it
+        message["reasoning_content"] = reply.reasoning
     if reply.tool_calls:
         message["tool_calls"] = tool_calls(reply)
     choice = {"index": 0, "message": message, "finish_reason": finish_reason(reply.result, bool(reply.tool_calls))}
@@ -168,7 +217,8 @@ async def chat_chunks(head: Head, items: AsyncIterator[Any]) -> AsyncIterator[di
     yield head.body([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}], chunk)
     async for item in items:
         if isinstance(item, str):
-            yield head.body([{"index": 0, "delta": {"content": item}, "finish_reason": None}], chunk)
+            delta = {"reasoning_content" if isinstance(item, Reasoning) else "content": str(item)}
+            yield head.body([{"index": 0, "delta": delta, "finish_reason": None}], chunk)
             continue
         calls = [dict(call, index=i) for i, call in enumerate(tool_calls(item))]
         yield head.body([{"index": 0, "delta": {"tool_calls": calls} if calls else {},

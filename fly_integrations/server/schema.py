@@ -57,6 +57,7 @@ class ToolCall(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
+    reasoning_content: str | None = None  # a thinking model's reasoning, apart from its answer
     tool_calls: list[ToolCall] | None = None
 
 
@@ -109,6 +110,28 @@ class Health(BaseModel):
     status: Literal["ok"]
     model: str
     waiting: int
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str  # a base64 string of little-endian float32 with encoding_format "base64"
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+METRICS = {200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                 "description": "Prometheus' text format (version 0.0.4)"}}
 
 
 _RETRY = {"Retry-After": {"description": "seconds to wait before retrying", "schema": {"type": "integer"}}}

@@ -1,7 +1,7 @@
 """schemathesis hooks for test_server_fuzz: leave out generated bodies that break a rule spanning two fields,
 which JSON Schema cannot state (the document says each in words): a named tool_choice must name a bound tool,
-in FLy mode the window must be below k, and a request's own context_window must hold its prompt and
-max_tokens. Every other rule is the document's own. (schemathesis applies body
+in FLy mode the window must be below k, a request's own context_window must hold its prompt and
+max_tokens, and an embeddings request's dimensions must be its model's. Every other rule is the document's own. (schemathesis applies body
 hooks to its generated phases, not to its coverage phase, which therefore runs without the acceptance check.)"""
 
 import schemathesis
@@ -16,6 +16,8 @@ PROMPT_ALLOWANCE = 1024  # tokens a generated prompt may take (short strings, ho
 def filter_body(context, body) -> bool:
     if not isinstance(body, dict):
         return True
+    if "input" in body and body.get("dimensions") is not None:  # must equal the loaded embedding model's own
+        return False
     choice, tools = body.get("tool_choice"), body.get("tools")
     if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
         names = [t.get("function", {}).get("name") for t in tools or [] if isinstance(t, dict)

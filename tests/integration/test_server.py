@@ -231,3 +231,57 @@ def _collect(lines: list[str]) -> str:
             for choice in event.get("choices", []):
                 text += choice["delta"].get("content") or ""
     return text
+
+
+def test_openai_and_langchain_embedding_clients_get_the_bundled_models_vectors(server):
+    """/v1/embeddings as a RAG app reaches it: OpenAI's client (which asks for base64) and LangChain's
+    OpenAIEmbeddings pointed at the server; the vectors are all-MiniLM-L6-v2's own, unit length."""
+    if EXTERNAL:
+        pytest.skip("vLLM serves embeddings from a pooling model of its own")
+    import numpy as np
+    from langchain_openai import OpenAIEmbeddings
+    from sentence_transformers import SentenceTransformer
+
+    from fly_runtime.embeddings import embedding_model_path
+
+    texts = ["A kitten sleeps on the sofa.", "A young cat naps on the couch.", "Bond yields rose after the report."]
+    got = client(server).embeddings.create(model="all-MiniLM-L6-v2", input=texts)
+    vectors = np.array([d.embedding for d in got.data])
+    assert vectors.shape == (3, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    assert got.usage.prompt_tokens > len(texts)
+    direct = SentenceTransformer(embedding_model_path("all-MiniLM-L6-v2"), device="cpu").encode(
+        texts, normalize_embeddings=True)
+    assert np.allclose(vectors, direct, atol=1e-5)
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2] + 0.3  # near meanings lie near
+    langchain = OpenAIEmbeddings(model="all-MiniLM-L6-v2", base_url=server["url"], api_key=KEY,
+                                 check_embedding_ctx_length=False)
+    assert np.allclose(langchain.embed_documents(texts[:1])[0], vectors[0], atol=1e-5)
+    # LangChain's default sends tiktoken ids, which name another model's tokenizer: refused, with the fix
+    refused = httpx.post(server["url"] + "/embeddings", headers={"Authorization": f"Bearer {KEY}"},
+                         json={"input": [[791, 8415]], "model": "x"}, timeout=30)
+    assert refused.status_code == 400 and "check_embedding_ctx_length=False" in refused.json()["error"]["message"]
+
+
+def test_metrics_count_what_the_server_did_in_prometheus_text(server):
+    if EXTERNAL:
+        pytest.skip("vLLM's metrics have names of their own")
+    headers = {"Authorization": f"Bearer {KEY}"}
+
+    def samples() -> dict[str, float]:
+        response = httpx.get(server["base"] + "/metrics", headers=headers, timeout=30)
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+        return {key: float(value) for key, value in (line.rsplit(" ", 1) for line in response.text.splitlines()
+                                                     if not line.startswith("#"))}
+
+    before = samples()
+    answer = client(server).chat.completions.create(
+        model="fly", messages=[{"role": "user", "content": "Name a colour."}], max_tokens=8)
+    after = samples()
+    ok = 'fly_http_responses_total{path="/v1/chat/completions",status="200"}'
+    assert after[ok] == before.get(ok, 0) + 1
+    grew = {name: after[name] - before[name] for name in ("fly_generation_tokens_total", "fly_prompt_tokens_total")}
+    assert grew == {"fly_generation_tokens_total": answer.usage.completion_tokens,
+                    "fly_prompt_tokens_total": answer.usage.prompt_tokens}
+    assert after["fly_target_forwards_total"] > before["fly_target_forwards_total"]
+    assert 0 < after["fly_mean_accepted"] and after["fly_requests_running"] == 0
+    assert httpx.get(server["base"] + "/metrics", timeout=30).status_code == 401  # the key guards it too

@@ -154,3 +154,81 @@ def test_requests_are_checked_as_the_document_states_them(document):
     check("CompletionRequest", {"prompt": "Once upon", "max_tokens": 4})
     with pytest.raises(InvalidPromptError, match="prompt"):
         check("CompletionRequest", {"prompt": ""})
+
+
+def test_embedding_requests_take_texts_and_refuse_what_they_cannot_honour_by_name():
+    request = protocol.EmbeddingRequest(input=["a cat", "a dog"], model="text-embedding-3-small", dimensions=384)
+    assert protocol.embedding_texts(request, 384) == ["a cat", "a dog"]
+    assert protocol.embedding_texts(protocol.EmbeddingRequest(input="one"), 384) == ["one"]
+    with pytest.raises(InvalidPromptError, match="check_embedding_ctx_length=False"):  # another model's token ids
+        protocol.embedding_texts(protocol.EmbeddingRequest(input=[[1, 2, 3]]), 384)
+    with pytest.raises(InvalidPromptError, match="input 1 is an empty string"):
+        protocol.embedding_texts(protocol.EmbeddingRequest(input=["x", ""]), 384)
+    with pytest.raises(InvalidPromptError, match="writes 384"):
+        protocol.embedding_texts(protocol.EmbeddingRequest(input="x", dimensions=256), 384)
+    with pytest.raises(InvalidPromptError, match="at most 2048"):
+        protocol.embedding_texts(protocol.EmbeddingRequest(input=["x"] * 2049), 384)
+    with pytest.raises(ValidationError, match="truncate"):  # an unknown field is refused by its name
+        protocol.EmbeddingRequest(input="x", truncate=True)
+
+
+def test_embeddings_are_returned_as_floats_or_as_the_base64_the_openai_client_decodes():
+    import base64
+
+    import numpy as np
+
+    vectors = np.array([[0.5, -0.25, 1e-8], [1.0, 0.0, -1.0]], dtype=np.float32)
+    floats = protocol.embedding_list("m", vectors, 7, None)
+    assert floats["usage"] == {"prompt_tokens": 7, "total_tokens": 7} and floats["model"] == "m"
+    assert [d["index"] for d in floats["data"]] == [0, 1] and floats["data"][0]["embedding"][:2] == [0.5, -0.25]
+    packed = protocol.embedding_list("m", vectors, 7, "base64")["data"][1]["embedding"]
+    assert np.array_equal(np.frombuffer(base64.b64decode(packed), dtype="float32"), vectors[1])
+    schema.EmbeddingList(**floats)  # the shape the document states
+
+
+def test_metrics_add_up_generations_and_responses_in_prometheus_text():
+    from types import SimpleNamespace
+
+    from fly_integrations.server.metrics import Metrics
+    from fly_runtime.engine import GenerationStats
+
+    metrics = Metrics()
+    for new, forwards in ((30, 10), (10, 10)):
+        stats = GenerationStats(prompt_tokens=100, cached_tokens=40, new_tokens=new, target_forwards=forwards,
+                                drafted_tokens=25, native_accepted=20, fly_forgiven=2, seconds=1.5)
+        metrics.generation(SimpleNamespace(result=SimpleNamespace(finish_reason="stop", stats=stats)))  # a Reply
+    metrics.response("/v1/chat/completions", 200)
+    metrics.response("/v1/chat/completions", 200)
+    metrics.response("other", 404)
+    metrics.embedding(3, 17)
+    text = metrics.render(waiting=2, running=1, slots=4)
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    assert samples['fly_http_responses_total{path="/v1/chat/completions",status="200"}'] == "2"
+    assert samples['fly_http_responses_total{path="other",status="404"}'] == "1"
+    assert samples['fly_generations_total{finish_reason="stop"}'] == "2"
+    assert samples["fly_prompt_tokens_total"] == "200" and samples["fly_cached_prompt_tokens_total"] == "80"
+    assert samples["fly_generation_tokens_total"] == "40" and samples["fly_forgiven_draft_tokens_total"] == "4"
+    assert samples["fly_mean_accepted"] == "2" and samples["fly_generation_seconds_total"] == "3"
+    assert samples["fly_requests_waiting"] == "2" and samples["fly_requests_running"] == "1"
+    assert samples["fly_embedding_inputs_total"] == "3" and samples["fly_embedding_tokens_total"] == "17"
+    # every sample is announced by its HELP and TYPE lines, as Prometheus' text format asks
+    names = {key.split("{")[0] for key in samples}
+    assert all(f"# TYPE {name} " in text for name in names)
+
+
+def test_the_queue_reports_requests_running_and_waiting():
+    async def scenario():
+        admission = Admission(depth=4, turns=1)
+        async with admission.turn(None):
+            waiter = asyncio.create_task(_hold(admission))
+            await asyncio.sleep(0.01)
+            seen = (admission.running, admission.waiting)
+        await waiter
+        return seen, (admission.running, admission.waiting)
+
+    assert asyncio.run(scenario()) == ((1, 1), (0, 0))
+
+
+async def _hold(admission: Admission) -> None:
+    async with admission.turn(None):
+        pass
