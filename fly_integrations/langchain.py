@@ -38,6 +38,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 from fly_integrations.messages import chat_message, openai_tool_choice, response_schema, usage
 from fly_integrations.params import CALL_ALIASES, OVERRIDABLE, FlyParams
 from fly_integrations.prompting import TemplateRefused, render_prompt
+from fly_integrations.reasoning import Reasoning
 from fly_integrations.replies import Reply, ReplyRequest, stream_reply
 from fly_integrations.streaming import aiter_in_thread
 from fly_integrations.tools import normalize_tool_choice, validate_tool_schema
@@ -276,7 +277,10 @@ class FlyChatModel(FlyParams, BaseChatModel):
         return kwargs
 
     def _chunk(self, item: str | Reply, model: str | None) -> ChatGenerationChunk:
-        """A text delta, or the closing chunk with the tool calls, usage and FLy stats."""
+        """A text delta, or the closing chunk with the tool calls, usage and FLy stats. Reasoning goes where
+        ChatOllama and ChatDeepSeek put it (``additional_kwargs["reasoning_content"]``, read by ``content_blocks``)."""
+        if isinstance(item, Reasoning):
+            return ChatGenerationChunk(message=AIMessageChunk(content="", additional_kwargs={"reasoning_content": item}))
         if isinstance(item, str):
             return ChatGenerationChunk(message=AIMessageChunk(content=item))
         chunks = [tool_call_chunk(name=c.name, args=json.dumps(c.arguments, ensure_ascii=False), id=c.id, index=i)

@@ -16,6 +16,7 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
     TextBlock,
+    ThinkingBlock,
     ToolCallBlock,
 )
 from llama_index.core.base.llms.generic_utils import (
@@ -32,6 +33,7 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from fly_integrations.messages import ROLE_NAMES, call_arguments, chat_message, usage
 from fly_integrations.params import FlyParams
+from fly_integrations.reasoning import Reasoning, answer_text
 from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
 from fly_integrations.streaming import aiter_in_thread
 from fly_integrations.tool_calls import tool_format
@@ -106,7 +108,11 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         )
 
     def _response(self, item: str | Reply, content: str) -> ChatResponse:
-        """A streamed delta, or (for a Reply) the closing response with tool calls and FLy stats."""
+        """A streamed delta, or (for a Reply) the closing response with tool calls and FLy stats. Reasoning
+        streams as ``thinking_delta`` (as LlamaIndex's Ollama integration streams it) and ends in a ThinkingBlock."""
+        if isinstance(item, Reasoning):
+            return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=content), delta="",
+                                additional_kwargs={"thinking_delta": str(item)})
         if isinstance(item, str):
             return ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=content), delta=item)
         extra: dict[str, Any] = {}
@@ -118,8 +124,10 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         counts = usage(item.result.stats)
         fly = {**self.fly_metadata(item.result), "prompt_tokens": counts["prompt_tokens"],
                "completion_tokens": counts["completion_tokens"]}
+        blocks = [ThinkingBlock(content=item.reasoning)] if item.reasoning else []
         return ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content=item.content, additional_kwargs=extra),
+            message=ChatMessage(role=MessageRole.ASSISTANT, additional_kwargs=extra,
+                                blocks=[*blocks, TextBlock(text=item.content)]),
             delta="",
             raw={"fly": fly, "usage": counts},  # LlamaIndex's TokenCountingHandler reads "usage"
             additional_kwargs={"fly": fly},
@@ -151,7 +159,7 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
             items = stream_reply(request)
             try:
                 for item in items:
-                    content += item if isinstance(item, str) else ""
+                    content += answer_text(item)
                     yield self._response(item, content)
             finally:
                 items.close()  # an abandoned stream ends the generation and frees the engine
@@ -187,7 +195,7 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         async def gen() -> ChatResponseAsyncGen:
             content = ""
             async for item in aiter_in_thread(lambda: stream_reply(request)):
-                content += item if isinstance(item, str) else ""
+                content += answer_text(item)
                 yield self._response(item, content)
 
         return gen()

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from fly_integrations.prompting import TemplateRefused, render_prompt
+from fly_integrations.reasoning import Reasoning, ReasoningSplitter, opens_inside, thinks
 from fly_integrations.tool_calls import HERMES, InvalidToolCall, ReplySplitter, ToolCall
 from fly_integrations.tools import closed_schema, conform_arguments
 from fly_runtime import FlyEngine, GenerationConfig, GenerationResult
@@ -29,6 +30,7 @@ class Reply:
     tool_calls: list[ToolCall]
     result: GenerationResult
     invalid_tool_calls: list[InvalidToolCall] = field(default_factory=list)  # calls written but not parseable
+    reasoning: str = ""  # a thinking model's reasoning (fly_integrations/reasoning.py), apart from content
 
 
 @dataclass
@@ -68,9 +70,11 @@ def _attempts(request: ReplyRequest) -> Iterator[tuple[list[dict], str | None]]:
 
 
 def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
-    """Text deltas, then the Reply. Where an attempt is replaced, what it already streamed stays part of the
-    reply (a stream never shows text the final message lacks) and its tokens count in the reply's usage."""
+    """Text deltas (``Reasoning`` deltas first, for a thinking model), then the Reply. Where an attempt is
+    replaced, what it already streamed stays part of the reply (a stream never shows text the final message
+    lacks) and its tokens count in the reply's usage."""
     shown = ""  # streamed by attempts that were replaced
+    thought = ""  # reasoning streamed by attempts that were replaced
     spent: GenerationStats | None = None
     for messages, choice in _attempts(request):
         try:
@@ -89,10 +93,17 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
         elif prompt.prefill and fmt is not None:  # a forced call: the rest under the tools' schemas
             parameters = {name: request.parameters_of(name) for name in sorted(request.tool_names or ())}
             config = replace(config, grammar=fmt.forced_grammar(parameters, choice if choice in parameters else None))
+        # free text may open with reasoning; a reply under a grammar is the grammar's from its first token
+        tokenizer = request.engine.tokenizer
+        thinking = (ReasoningSplitter(opens_inside(tokenizer, prompt.token_ids))
+                    if config.json_schema is None and config.grammar is None and thinks(tokenizer) else None)
         with request.engine.stream(prompt.token_ids, config) as stream:
-            for piece in stream:
-                if delta := splitter.push(piece):
+            for part in _read(stream, thinking):
+                if isinstance(part, Reasoning):
+                    yield part
+                elif delta := splitter.push(part):
                     yield delta
+        thought += thinking.reasoning if thinking else ""
         parsed = splitter.finish()
         rest, calls = parsed.content, parsed.calls
         for call in calls:
@@ -107,8 +118,18 @@ def stream_reply(request: ReplyRequest) -> Iterator[str | Reply]:
                 shown += "\n"
                 yield "\n"
             continue
-        yield Reply(shown + splitter.emitted, calls, replace(stream.result, stats=spent), parsed.invalid)
+        yield Reply(shown + splitter.emitted, calls, replace(stream.result, stats=spent), parsed.invalid, thought)
         return
+
+
+def _read(pieces: Iterator[str], thinking: ReasoningSplitter | None) -> Iterator[str]:
+    """The generated pieces, with the reasoning split off where the model thinks."""
+    if thinking is None:
+        yield from pieces
+        return
+    for piece in pieces:
+        yield from thinking.push(piece)
+    yield from thinking.finish()
 
 
 def reply(request: ReplyRequest) -> Reply:
