@@ -1,5 +1,5 @@
-"""Two-step tool tasks for agents, run through LangChain's ``create_agent`` as users build agents: look a value up,
-then transform it, then answer. Each task has one right answer (a number in the final reply), so a run is scored
+"""Two-step tool tasks for agents, run as users build agents (LangChain's ``create_agent``, LlamaIndex's
+``FunctionAgent`` and ``ReActAgent``): look a value up, then transform it, then answer. Each task has one right answer (a number in the final reply), so a run is scored
 on three counts: did the agent finish (a reply without tool calls before the step limit), was the answer right,
 and how many tool calls it took. The tools answer from fixed tables, offline."""
 
@@ -106,5 +106,32 @@ def run_task(llm, task: AgentTask, recursion_limit: int = 12) -> dict:
     messages = state["messages"]
     calls = sum(len(getattr(m, "tool_calls", None) or []) for m in messages)
     reply = messages[-1].content if isinstance(messages[-1].content, str) else str(messages[-1].content)
+    return {"finished": True, "right": task.answer in _numbers(reply), "tool_calls": calls,
+            "seconds": time.perf_counter() - start, "reply": reply}
+
+
+def run_llama_index_task(llm, task: AgentTask, kind: str = "function", max_iterations: int = 12) -> dict:
+    """One task through LlamaIndex's ``FunctionAgent`` (native tool calls) or ``ReActAgent`` (Thought / Action
+    text) over the same tools: finished, right, tool calls, seconds, the final reply."""
+    import asyncio
+
+    from llama_index.core.agent.workflow import FunctionAgent, ReActAgent, ToolCallResult
+    from llama_index.core.tools import FunctionTool
+    from workflows.errors import WorkflowRuntimeError
+
+    tools = [FunctionTool.from_defaults(fn=t.func, name=t.name, description=t.description) for t in TOOLS]
+    agent = (FunctionAgent if kind == "function" else ReActAgent)(tools=tools, llm=llm)
+
+    async def run() -> tuple[str, int]:
+        handler = agent.run(user_msg=task.question, max_iterations=max_iterations)
+        calls = sum([isinstance(event, ToolCallResult) async for event in handler.stream_events()])
+        return str((await handler).response.content), calls
+
+    start = time.perf_counter()
+    try:
+        reply, calls = asyncio.run(run())
+    except WorkflowRuntimeError:  # the step limit, as GraphRecursionError in LangGraph
+        return {"finished": False, "right": False, "tool_calls": None, "seconds": time.perf_counter() - start,
+                "reply": None}
     return {"finished": True, "right": task.answer in _numbers(reply), "tool_calls": calls,
             "seconds": time.perf_counter() - start, "reply": reply}

@@ -1,11 +1,12 @@
-"""How often agents built with LangChain's create_agent finish the two-step tool tasks of
-fly_integrations/bench_agents.py, and finish right, under each decoding setting asked for.
+"""How often agents (LangChain's create_agent, LlamaIndex's FunctionAgent or ReActAgent) finish the two-step tool
+tasks of fly_integrations/bench_agents.py, and finish right, under each decoding setting asked for.
 
     HF_HUB_OFFLINE=1 python scripts/agent_eval.py --out agents.json \
         --setting greedy --setting qwen:temperature=0.7,top_p=0.8,top_k=20 --seeds 0 1 2
+    HF_HUB_OFFLINE=1 python scripts/agent_eval.py --agent function   # LlamaIndex FunctionAgent over FlyLLM
 
-A setting is NAME or NAME:key=value,...: FlyChatModel keywords (greedy is temperature=0). Sampled settings run
-once a seed. Progress goes to stderr, the summary to stdout and ``--out``.
+A setting is NAME or NAME:key=value,...: FlyChatModel / FlyLLM keywords (greedy is temperature=0). Sampled
+settings run once a seed. Progress goes to stderr, the summary to stdout and ``--out``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fly_integrations import FlyChatModel  # noqa: E402
-from fly_integrations.bench_agents import TASKS, run_task  # noqa: E402
+from fly_integrations import FlyChatModel, FlyLLM  # noqa: E402
+from fly_integrations.bench_agents import TASKS, run_llama_index_task, run_task  # noqa: E402
 
 
 def parse_setting(text: str) -> tuple[str, dict]:
@@ -35,7 +36,9 @@ def main() -> int:
     parser.add_argument("--setting", action="append", default=None, help="NAME[:key=value,...] (repeatable)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of sampled settings")
     parser.add_argument("--model", default=None, help="target (FlyChatModel model=); default: the built-in pair")
-    parser.add_argument("--recursion-limit", type=int, default=12, help="LangGraph steps before giving up")
+    parser.add_argument("--agent", choices=["create_agent", "function", "react"], default="create_agent",
+                        help="LangChain's create_agent, or LlamaIndex's FunctionAgent / ReActAgent")
+    parser.add_argument("--recursion-limit", type=int, default=12, help="agent steps before giving up")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--out", default=None, help="write every run and the summary here (JSON)")
     args = parser.parse_args()
@@ -45,9 +48,13 @@ def main() -> int:
         sampled = values.get("temperature", 0) > 0
         for seed in args.seeds if sampled else [None]:
             extra = {"model": args.model} if args.model else {}
-            llm = FlyChatModel(max_tokens=args.max_tokens, seed=seed, **({"temperature": 0} | extra | values))
+            keywords = dict(max_tokens=args.max_tokens, seed=seed, **({"temperature": 0} | extra | values))
             for i, task in enumerate(TASKS):
-                row = {"setting": name, "seed": seed, "task": i, **run_task(llm, task, args.recursion_limit)}
+                if args.agent == "create_agent":
+                    outcome = run_task(FlyChatModel(**keywords), task, args.recursion_limit)
+                else:
+                    outcome = run_llama_index_task(FlyLLM(**keywords), task, args.agent, args.recursion_limit)
+                row = {"setting": name, "seed": seed, "task": i, **outcome}
                 runs.append(row)
                 print(f"{name} seed={seed} task {i}: finished={row['finished']} right={row['right']} "
                       f"calls={row['tool_calls']} {row['seconds']:.0f} s", file=sys.stderr, flush=True)
