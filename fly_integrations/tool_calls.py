@@ -13,6 +13,7 @@ text; bare JSON that names no tool stays text. Nothing here raises.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import uuid
@@ -22,7 +23,6 @@ from fly_integrations.tools import closed_schema
 from fly_runtime.constraint import TRAILING
 from fly_runtime.text import partial_marker_length
 
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 _NAME = re.compile(r'"name"\s*:\s*"([^"]+)"')
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 _SEPARATORS = re.compile(r"[\s;,]*")
@@ -36,20 +36,26 @@ class ToolFormat:
     arguments_key: str  # what the family names a call's arguments
     span: tuple[str, str]  # (opening, closing) as decoded with control tokens: FLy verifies calls exactly there
     lead: str | None = None  # a control token that may come before the calls (dropped from streamed text)
+    opening: str = '{"name": "'  # how a call starts, up to its tool's name
+    brackets: str = "}"  # what closes a call's JSON after its arguments
+
+    @property
+    def blocks(self) -> bool:
+        """Calls are blocks between an opening and a closing tag, each parsed alone, with prose around them;
+        otherwise the calls are the whole reply (a JSON object or list)."""
+        return self.marker is not None and self.closing is not None
 
     def prefill(self, name: str | None = None) -> str:
         """Assistant text that opens a forced call (of the named tool: up to its arguments), so that the tokens a
         caller's budget pays for are the ones the model chooses; the rest is decoded under ``forced_grammar``."""
-        opening = {"hermes": '<tool_call>\n{"name": "', "mistral": '[TOOL_CALLS][{"name": "'}.get(self.name,
-                                                                                                  '{"name": "')
-        return opening if name is None else f'{opening}{name}", "{self.arguments_key}": '
+        return self.opening if name is None else f'{self.opening}{name}", "{self.arguments_key}": '
 
     def forced_grammar(self, parameters: dict[str, dict], name: str | None = None) -> str:
         """The rest of a forced call after ``prefill(name)`` as a grammar (llguidance's Lark): the named tool's
         arguments under its parameter schema, or (no name) one of ``parameters``' tools by name and its arguments,
         then the brackets that close the call; the reply ends there (the parser does without a closing tag). The
         call then parses and follows its schema by construction."""
-        tail = f'{json.dumps("}]" if self.name == "mistral" else "}")} {TRAILING}'
+        tail = f'{json.dumps(self.brackets)} {TRAILING}'
         if name is not None:
             return f"start: args {tail}\nargs: %json {json.dumps(_object_schema(parameters[name]))}"
         rules = [f"start: {' | '.join(f'call{i}' for i in range(len(parameters)))}"]
@@ -65,9 +71,11 @@ def _object_schema(parameters: dict) -> dict:
     return closed_schema(parameters) if parameters.get("properties") else {"type": "object"}
 
 
-HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", "arguments", ("<tool_call>", "</tool_call>"))
+HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", "arguments", ("<tool_call>", "</tool_call>"),
+                    opening='<tool_call>\n{"name": "')
 LLAMA3 = ToolFormat("llama3", None, None, "parameters", ('{"name"', "<|eot_id|>"), "<|python_tag|>")
-MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", None, "arguments", ("[TOOL_CALLS]", "</s>"))
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", None, "arguments", ("[TOOL_CALLS]", "</s>"),
+                     opening='[TOOL_CALLS][{"name": "', brackets="}]")
 JSON_CALLS = ToolFormat("json", None, None, "arguments", ('{"name"', "\n\n\n"))
 # the chat template text that tells each family
 _SIGNS = ((HERMES, ("<tool_call>",)), (MISTRAL, ("[TOOL_CALLS]", "[AVAILABLE_TOOLS]")),
@@ -154,12 +162,13 @@ def _load_json(text: str) -> object:
 def parse_tool_calls(text: str, known: set[str] | None = None, fmt: ToolFormat = HERMES) -> ParsedReply:
     """Split ``text`` into its prose, its tool calls and the calls that do not parse. ``known`` limits calls to
     bound tool names."""
-    if fmt is HERMES and HERMES.marker in text:
+    if fmt.blocks and fmt.marker in text:
         calls: list[ToolCall] = []
         invalid: list[InvalidToolCall] = []
-        for match in _BLOCK.finditer(text):
+        block = _block_pattern(fmt.marker, fmt.closing)
+        for match in block.finditer(text):
             _add(match.group(1), match.group(0), known, calls, invalid)
-        return ParsedReply(_BLOCK.sub("", text).strip(), calls, invalid)
+        return ParsedReply(block.sub("", text).strip(), calls, invalid)
     stripped = text.strip()
     for lead in (fmt.marker, fmt.lead):
         if lead and stripped.startswith(lead):
@@ -170,19 +179,25 @@ def parse_tool_calls(text: str, known: set[str] | None = None, fmt: ToolFormat =
         return ParsedReply(stripped, [])
     values = _json_values(candidate)
     if values is None:  # broken JSON: a call where it names one and the family writes calls this way
-        if fmt is not HERMES and (named := _NAME.search(candidate)):
+        if not fmt.blocks and (named := _NAME.search(candidate)):
             return ParsedReply("", [], [InvalidToolCall(text.strip(), "not JSON", named.group(1))])
         return ParsedReply(stripped, [])
     items = [item for value in values for item in (value if isinstance(value, list) else [value])]
     parsed = [_call_from_json(item, known) for item in items]
     if parsed and all(isinstance(p, ToolCall) for p in parsed):
         return ParsedReply("", parsed)  # type: ignore[arg-type]
-    if fmt is not HERMES and items and all(isinstance(i, dict) and "name" in i for i in items):
+    if not fmt.blocks and items and all(isinstance(i, dict) and "name" in i for i in items):
         invalid = [InvalidToolCall(json.dumps(item, ensure_ascii=False), result,
                                    item["name"] if isinstance(item["name"], str) else None)
                    for item, result in zip(items, parsed) if not isinstance(result, ToolCall)]
         return ParsedReply("", [p for p in parsed if isinstance(p, ToolCall)], invalid)
     return ParsedReply(stripped, [])  # JSON that names no tool is an answer, not a call
+
+
+@functools.lru_cache(maxsize=8)
+def _block_pattern(opening: str, closing: str) -> re.Pattern:
+    """One call between its tags (an unclosed last one runs to the reply's end)."""
+    return re.compile(rf"{re.escape(opening)}\s*(.*?)\s*(?:{re.escape(closing)}|$)", re.S)
 
 
 def _add(body: str, written: str, known: set[str] | None, calls: list[ToolCall],

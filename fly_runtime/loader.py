@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
 from fly_runtime.backends.base import Backend, CachedSequence
+from fly_runtime.backends.registry import load_tokenizer, open_backend, open_target  # noqa: F401 (public here too)
 from fly_runtime.drafters import Drafter, ModelDrafter, NgramDrafter
 from fly_runtime.engine import FlyEngine
-from fly_runtime.errors import FlyError, IncompatibleModelsError, InvalidSettingsError, ModelIntegrityError
+from fly_runtime.errors import FlyError, IncompatibleModelsError, InvalidSettingsError
 from fly_runtime.sources import BUILTIN_PAIRS, DEFAULT_PAIR, ResolvedModel, resolve_model
 from fly_runtime.tuning import BATCH_CANDIDATES, choose_batch
 
@@ -82,40 +80,6 @@ def _pick_backend(settings: ModelSettings) -> str:
     return "torch" if on_gpu else "onnx"
 
 
-def open_target(model: ResolvedModel, precision: str, threads: int | None = None, sequences: int = 1) -> Backend:
-    """The model on the CPU at ``precision``: an ONNX Runtime graph, or (``gguf``) its GGUF run by llama.cpp, whose
-    cache holds ``sequences`` sequences (a graph's holds one)."""
-    from fly_runtime.sources.convert import GGUF
-
-    threads = threads or os.cpu_count()
-    if precision == GGUF:
-        if model.gguf is None:
-            raise InvalidSettingsError(f"precision 'gguf' runs a model's GGUF file with llama.cpp, and "
-                                       f"{model.reference} did not come as one: pick fp32, int8, int4 or auto")
-        from fly_runtime.backends.llama_cpp_backend import LlamaCppBackend
-
-        with _loading(model):
-            return LlamaCppBackend(model.gguf, threads=threads, sequences=sequences)
-    from fly_runtime.backends.ort_backend import OrtBackend
-
-    onnx_dir = model.build_onnx(precision)
-    with _loading(model):
-        return OrtBackend(onnx_dir, threads=threads)
-
-
-def _make_backend(model: ResolvedModel, kind: str, device: str | None, precision: str,
-                  sequences: int = 1) -> Backend:
-    if kind == "onnx":
-        return open_target(model, precision, sequences=sequences)
-    from fly_runtime.backends.torch_backend import TorchBackend
-
-    if model.exported_onnx:
-        raise InvalidSettingsError(f"{model.reference} is an ONNX export, which runs on ONNX Runtime only: use "
-                                   "backend='onnx' (the default on CPU), or pass the model's Hugging Face folder")
-    with _loading(model):
-        return TorchBackend(model.weights(), device=device)
-
-
 def target_precision(settings: ModelSettings, model: ResolvedModel, tokenizer=None) -> str:
     """The target graph's precision: as set, or for ``auto`` the fastest on this machine that is still the model
     (fly_runtime/tuning.py)."""
@@ -131,28 +95,6 @@ def target_precision(settings: ModelSettings, model: ResolvedModel, tokenizer=No
         raise InvalidSettingsError(
             f"precision must be auto or one of {', '.join(TARGET_PRECISIONS)}, got {settings.precision!r}")
     return settings.precision
-
-
-def load_tokenizer(model: ResolvedModel):
-    from transformers import AutoTokenizer
-
-    # transformers 4.57.3+ warns about a Mistral regex for every locally saved tokenizer; ours carry the
-    # correct pattern, so say explicitly that no patch is wanted.
-    with _loading(model):
-        return AutoTokenizer.from_pretrained(model.hf_dir, fix_mistral_regex=False)
-
-
-@contextmanager
-def _loading(model: ResolvedModel) -> Iterator[None]:
-    """Turn a library's failure on a broken model folder (TypeError, SafetensorError, ...) into fly's error."""
-    try:
-        yield
-    except FlyError:
-        raise
-    except Exception as exc:
-        raise ModelIntegrityError(
-            f"{model.hf_dir} could not be loaded ({type(exc).__name__}: {exc}): check that it holds a complete "
-            "Hugging Face model (config.json, the weights, the tokenizer), or pass another model") from exc
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
@@ -186,7 +128,7 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
     tokenizer = load_tokenizer(target_model)
     vocab_size = len(tokenizer)
     precision = target_precision(settings, target_model, tokenizer) if kind == "onnx" else "fp32"
-    target_backend = _make_backend(target_model, kind, settings.device, precision,
+    target_backend = open_backend(target_model, kind, precision, settings.device,
                                    settings.max_batch or max(BATCH_CANDIDATES))
     draft_name = settings.draft
     if draft_name == AUTO_DRAFT:
@@ -199,7 +141,7 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
     else:
         draft_model = resolve_model(draft_name)
         check_same_tokenizer(tokenizer, load_tokenizer(draft_model), settings.target, draft_name)
-        draft_sequence = CachedSequence(_make_backend(draft_model, kind, settings.device, "int4"))
+        draft_sequence = CachedSequence(open_backend(draft_model, kind, "int4", settings.device))
         # prompt lookup (stateless) serves twice: in front of the drafter where a request asks for n-grams, and
         # alone before the drafter reads
         lookup = NgramDrafter()

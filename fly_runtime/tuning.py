@@ -239,7 +239,7 @@ def choose_precision(model, tokenizer=None, candidates: tuple[str, ...] | None =
     if (record is not None and record.get("version") == RECORD_VERSION
             and sorted(record.get("candidates", ())) == sorted(candidates)):
         return record["precision"]
-    from fly_runtime.loader import open_target
+    from fly_runtime.backends.registry import load_tokenizer, open_target
 
     print(f"fly: choosing the target's form among {', '.join(candidates)} on this machine (once; kept in "
           f"{_records_file()}) ...", file=sys.stderr, flush=True)
@@ -248,8 +248,6 @@ def choose_precision(model, tokenizer=None, candidates: tuple[str, ...] | None =
     backends = {p: open_target(model, p) for p in candidates}
     graphs = [p for p in candidates if p != GGUF]  # the GGUF is the model as the user has it: nothing to check
     if graphs and tokenizer is None:
-        from fly_runtime.loader import load_tokenizer
-
         tokenizer = load_tokenizer(model)
     ref = reference(model, tokenizer) if graphs else None
     costs = {p: fidelity(backends[p], ref) if p in graphs else {} for p in candidates}

@@ -77,7 +77,7 @@ def test_a_record_of_other_candidates_is_timed_again(monkeypatch, tmp_path):
     model = SimpleNamespace(key="k" * 16, name="m", gguf="model.gguf")
     tuning._record(f"{machine_id()}|{model.key}", {"model": "m", "precision": "int4", "ms": {}, "candidates": ["int4"]})
     assert tuning.choose_precision(model, candidates=("int4",)) == "int4"  # as recorded, nothing opened
-    monkeypatch.setattr("fly_runtime.loader.open_target", lambda m, p: pytest.fail(f"opened {p}") if p != "gguf"
+    monkeypatch.setattr("fly_runtime.backends.registry.open_target", lambda m, p: pytest.fail(f"opened {p}") if p != "gguf"
                         else SimpleNamespace())
     monkeypatch.setattr(tuning, "measure", lambda backend, **kw: {"1": 30.0, "9": 250.0, "row_delta": 0.0})
     assert tuning.choose_precision(model, candidates=("gguf",)) == "gguf"
