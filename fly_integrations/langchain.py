@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from operator import itemgetter
@@ -35,12 +34,12 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
-from fly_integrations.messages import chat_message, openai_tool_choice, response_schema, usage
+from fly_integrations.messages import chat_message, response_schema, usage
 from fly_integrations.params import CALL_ALIASES, OVERRIDABLE, FlyParams
 from fly_integrations.prompting import TemplateRefused, render_prompt
 from fly_integrations.reasoning import Reasoning
-from fly_integrations.replies import Reply, ReplyRequest, stream_reply
-from fly_integrations.streaming import aiter_in_thread
+from fly_integrations.replies import Reply
+from fly_integrations.transport import Call, transport
 from fly_integrations.tools import normalize_tool_choice, validate_tool_schema
 from fly_runtime import GenerationResult
 from fly_runtime.errors import InvalidPromptError, InvalidSettingsError
@@ -96,8 +95,7 @@ class FlyChatModel(FlyParams, BaseChatModel):
     base_url: str | None = Field(
         default=None, description="a `fly serve` (or other OpenAI-compatible) endpoint, e.g. http://127.0.0.1:8000/v1: "
                                   "talk to it instead of loading the models in this process")
-    _client: Any = PrivateAttr(default=None)
-    _async_client: Any = PrivateAttr(default=None)  # (event loop, client)
+    _transport: Any = PrivateAttr(default=None)  # this process's engine, or the server at base_url
 
     @property
     def _llm_type(self) -> str:
@@ -163,22 +161,25 @@ class FlyChatModel(FlyParams, BaseChatModel):
         return self
 
     # ------------------------------------------------------------------------------------------ requests
-    def _request(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> ReplyRequest:
+    def model_post_init(self, context: Any) -> None:
+        super().model_post_init(context)
+        key = self.api_key.get_secret_value() if self.api_key is not None else None
+        self._transport = transport(self.base_url, key, self.max_retries, self.timeout)
+
+    def _call(self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]) -> Call:
         unknown = sorted(set(kwargs) - set(OVERRIDABLE) - set(CALL_ALIASES) - _CALL_FIELDS)
         if unknown:  # as ChatOpenAI's server would answer 400: a misspelt setting must not be dropped silently
             raise InvalidSettingsError(f"unknown call keyword(s) {unknown}: FlyChatModel takes {sorted(OVERRIDABLE)}, "
                                        f"their Ollama names {sorted(CALL_ALIASES)} and {sorted(_CALL_FIELDS)}")
-        return self.reply_request(
-            [_to_chat_dict(m, i) for i, m in enumerate(messages)], stop, kwargs,
-            model=kwargs.get("model"),
-            tools=kwargs.get("tools"),
-            tool_choice=kwargs.get("tool_choice"),
-            json_schema=response_schema(kwargs.get("response_format")),
-        )
+        return Call([_to_chat_dict(m, i) for i, m in enumerate(messages)], stop, kwargs, model=kwargs.get("model"),
+                    tools=kwargs.get("tools"), tool_choice=kwargs.get("tool_choice"),
+                    json_schema=response_schema(kwargs.get("response_format")))
 
     def _response_metadata(self, result: GenerationResult, model: str | None) -> dict[str, Any]:
         return self.fly_metadata(result, model)
 
+    # one path for every reply, as ChatOllama: the message is the stream's chunks merged (text, tool calls,
+    # usage and stats ride on its last chunk), whether the engine runs here or on a server
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -186,10 +187,6 @@ class FlyChatModel(FlyParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        if self.base_url:
-            return self._remote()._generate(messages, stop, run_manager, **self._remote_kwargs(kwargs))
-        # one path for every reply, as ChatOllama: the message is the stream's chunks merged (text, tool calls,
-        # usage and stats ride on its last chunk)
         return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
 
     def _stream(
@@ -199,10 +196,7 @@ class FlyChatModel(FlyParams, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        if self.base_url:
-            yield from self._remote()._stream(messages, stop, run_manager, **self._remote_kwargs(kwargs))
-            return
-        items = stream_reply(self._request(messages, stop, kwargs))
+        items = self._transport.stream(self, self._call(messages, stop, kwargs))
         try:
             for item in items:
                 chunk = self._chunk(item, kwargs.get("model"))
@@ -210,7 +204,7 @@ class FlyChatModel(FlyParams, BaseChatModel):
                     run_manager.on_llm_new_token(chunk.text, chunk=chunk)
                 yield chunk
         finally:
-            items.close()  # an abandoned stream ends the generation and frees the engine
+            items.close()  # an abandoned stream ends the generation and frees the engine (or the connection)
 
     async def _agenerate(
         self,
@@ -219,9 +213,6 @@ class FlyChatModel(FlyParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        if self.base_url:
-            remote = self._remote(asynchronous=True)
-            return await remote._agenerate(messages, stop, run_manager, **self._remote_kwargs(kwargs))
         return await agenerate_from_stream(self._astream(messages, stop, run_manager, **kwargs))
 
     async def _astream(
@@ -231,50 +222,11 @@ class FlyChatModel(FlyParams, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        if self.base_url:
-            remote = self._remote(asynchronous=True)
-            async for chunk in remote._astream(messages, stop, run_manager, **self._remote_kwargs(kwargs)):
-                yield chunk
-            return
-        request = self._request(messages, stop, kwargs)
-        async for item in aiter_in_thread(lambda: stream_reply(request)):
+        async for item in self._transport.astream(self, self._call(messages, stop, kwargs)):
             chunk = self._chunk(item, kwargs.get("model"))
             if run_manager and chunk.text:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
-
-    # --------------------------------------------------------------------------------------- over a server
-    def _remote(self, asynchronous: bool = False) -> Any:
-        """An OpenAI client for ``base_url`` with this model's settings; fly's own ride in the body. Async calls get
-        a client of the running event loop's own (an HTTP client bound to a loop that has closed fails)."""
-        if not asynchronous:
-            if self._client is None:
-                self._client = self._openai()
-            return self._client
-        loop = asyncio.get_running_loop()
-        if self._async_client is None or self._async_client[0] is not loop:
-            import httpx
-
-            self._async_client = (loop, self._openai(http_async_client=httpx.AsyncClient(timeout=self.timeout)))
-        return self._async_client[1]
-
-    def _openai(self, **client: Any) -> Any:
-        from langchain_openai import ChatOpenAI
-
-        return ChatOpenAI(
-            base_url=self.base_url, api_key=self.api_key or SecretStr("none"), model=self.target,
-            temperature=self.temperature, top_p=self.top_p, seed=self.seed, max_tokens=self.max_tokens,
-            stop=self.stop, timeout=self.timeout, max_retries=self.max_retries, stream_usage=True,
-            extra_body=self.extra_body(), **client)
-
-    def _remote_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Per-call keywords as the OpenAI client takes them: fly's settings into the body, tool_choice spelled
-        OpenAI's way."""
-        kwargs = dict(kwargs)
-        kwargs["extra_body"] = self.extra_body(kwargs)
-        if "tool_choice" in kwargs:
-            kwargs["tool_choice"] = openai_tool_choice(kwargs["tool_choice"])
-        return kwargs
 
     def _chunk(self, item: str | Reply, model: str | None) -> ChatGenerationChunk:
         """A text delta, or the closing chunk with the tool calls, usage and FLy stats. Reasoning goes where

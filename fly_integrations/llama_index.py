@@ -31,11 +31,11 @@ from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.tools import BaseTool
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from fly_integrations.messages import ROLE_NAMES, call_arguments, chat_message, usage
+from fly_integrations.messages import ROLE_NAMES, chat_message, usage
 from fly_integrations.params import FlyParams
 from fly_integrations.reasoning import Reasoning, answer_text
-from fly_integrations.replies import Reply, ReplyRequest, reply, stream_reply
-from fly_integrations.streaming import aiter_in_thread
+from fly_integrations.replies import Reply
+from fly_integrations.transport import Call, transport
 from fly_integrations.tool_calls import tool_format
 from fly_integrations.tools import validate_tool_schema
 from fly_runtime.errors import InvalidPromptError
@@ -74,7 +74,7 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
     api_key: str | None = Field(default=None, description="the server's key (base_url)")
 
     _metadata: LLMMetadata | None = PrivateAttr(default=None)
-    _client: Any = PrivateAttr(default=None)
+    _transport: Any = PrivateAttr(default=None)  # this process's engine, or the server at base_url
 
     @classmethod
     def class_name(cls) -> str:
@@ -82,7 +82,7 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        if self._metadata is None and self.base_url:  # the server's model: its window is the setting
+        if self._metadata is None and self._transport.remote:  # the server's model: its window is the setting
             self._metadata = LLMMetadata(context_window=self.context_window or 8192, num_output=self.max_tokens,
                                          is_chat_model=True, is_function_calling_model=True, model_name=self.target)
         if self._metadata is None:
@@ -99,13 +99,14 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         return self._metadata
 
     # ------------------------------------------------------------------------------------------ requests
-    def _request(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ReplyRequest:
+    def model_post_init(self, context: Any) -> None:
+        super().model_post_init(context)
+        self._transport = transport(self.base_url, self.api_key, 0, self.timeout)
+
+    def _call(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> Call:
         tools = kwargs.get("tools")
-        return self.reply_request(
-            [_to_chat_dict(m, i) for i, m in enumerate(messages)], kwargs.get("stop"), kwargs,
-            tools=tools,
-            tool_choice="any" if kwargs.get("tool_required") and tools else None,
-        )
+        return Call([_to_chat_dict(m, i) for i, m in enumerate(messages)], kwargs.get("stop"), kwargs, tools=tools,
+                    tool_choice="any" if kwargs.get("tool_required") and tools else None)
 
     def _response(self, item: str | Reply, content: str) -> ChatResponse:
         """A streamed delta, or (for a Reply) the closing response with tool calls and FLy stats. Reasoning
@@ -140,29 +141,27 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         return self._chat(messages, **kwargs)
 
     def _chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        if self.base_url:
-            return _from_remote(self._remote().chat(messages, **self._remote_kwargs(kwargs)))
-        done = reply(self._request(messages, kwargs))
-        return self._response(done, done.content)
+        response = None
+        for response in self._stream_chat(messages, **kwargs):
+            pass
+        assert response is not None
+        return response
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         return self._stream_chat(messages, **kwargs)
 
     def _stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        if self.base_url:
-            return (_from_remote(r) for r in self._remote().stream_chat(messages, **self._remote_kwargs(kwargs)))
-        request = self._request(messages, kwargs)
+        items = self._transport.stream(self, self._call(messages, kwargs))  # checked now, not at the first next()
 
         def gen() -> ChatResponseGen:
             content = ""
-            items = stream_reply(request)
             try:
                 for item in items:
                     content += answer_text(item)
                     yield self._response(item, content)
             finally:
-                items.close()  # an abandoned stream ends the generation and frees the engine
+                items.close()  # an abandoned stream ends the generation and frees the engine (or the connection)
 
         return gen()
 
@@ -182,47 +181,15 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         return await self._astream_chat(messages, **kwargs)
 
     async def _astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
-        if self.base_url:
-            remote = await self._remote().astream_chat(messages, **self._remote_kwargs(kwargs))
-
-            async def relayed() -> ChatResponseAsyncGen:
-                async for response in remote:
-                    yield _from_remote(response)
-
-            return relayed()
-        request = self._request(messages, kwargs)
+        items = self._transport.astream(self, self._call(messages, kwargs))
 
         async def gen() -> ChatResponseAsyncGen:
             content = ""
-            async for item in aiter_in_thread(lambda: stream_reply(request)):
+            async for item in items:
                 content += answer_text(item)
                 yield self._response(item, content)
 
         return gen()
-
-    # --------------------------------------------------------------------------------------- over a server
-    def _remote(self) -> Any:
-        """An OpenAI-compatible client for ``base_url`` with this model's settings; fly's own ride in the body."""
-        if self._client is None:
-            from llama_index.core.callbacks import CallbackManager
-            from llama_index.llms.openai_like import OpenAILike
-
-            self._client = OpenAILike(
-                model=self.target, api_base=self.base_url, api_key=self.api_key or "none", is_chat_model=True,
-                is_function_calling_model=True, temperature=self.temperature, max_tokens=self.max_tokens,
-                context_window=self.context_window or 8192, timeout=self.timeout or 600.0, reuse_client=False,
-                # this class fires the callback events: the client's own manager stays empty
-                additional_kwargs={"top_p": self.top_p, "seed": self.seed, "extra_body": self.extra_body()},
-                callback_manager=CallbackManager([]))
-        return self._client
-
-    def _remote_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """Per-call keywords as the OpenAI client takes them: fly's settings into the body."""
-        kwargs = dict(kwargs)
-        if kwargs.pop("tool_required", False) and kwargs.get("tools"):
-            kwargs["tool_choice"] = "required"
-        kwargs["extra_body"] = self.extra_body(kwargs)
-        return kwargs
 
     # ------------------------------------------------------------------------------------------ completion
     # completion is chat on one user message, through LlamaIndex's own chat-to-completion converters
@@ -302,22 +269,13 @@ class FlyLLM(FlyParams, FunctionCallingLLM):
         return [ToolSelection(tool_id=c["id"], tool_name=c["name"], tool_kwargs=c["arguments"]) for c in calls]
 
 
-def _from_remote(response: ChatResponse) -> ChatResponse:
-    """A server's response with its tool calls where FlyLLM keeps them (``additional_kwargs["tool_calls"]``)."""
-    calls = [block for block in response.message.blocks if isinstance(block, ToolCallBlock)]
-    if calls:
-        response.message.additional_kwargs["tool_calls"] = [
-            {"id": c.tool_call_id, "name": c.tool_name,
-             "arguments": _as_object(call_arguments(c.tool_kwargs))}
-            for c in calls]
-    return response
-
-
 def _text_of(message: ChatMessage, index: int) -> str:
     parts = []
     for block in message.blocks:
         if isinstance(block, TextBlock):
             parts.append(block.text)
+        elif isinstance(block, (ThinkingBlock, ToolCallBlock)):
+            continue  # reasoning is not read again (as thinking models' templates drop it); calls: _to_chat_dict
         else:
             raise InvalidPromptError(
                 f"message {index} has a {type(block).__name__}; this model reads text only (pass TextBlocks)"
@@ -328,10 +286,7 @@ def _text_of(message: ChatMessage, index: int) -> str:
 def _to_chat_dict(message: ChatMessage, index: int) -> dict[str, Any]:
     role = message.role.value if isinstance(message.role, MessageRole) else str(message.role)
     extra = message.additional_kwargs
-    return chat_message(role, _text_of(message, index), tool_calls=extra.get("tool_calls"),
+    calls = extra.get("tool_calls") or [{"id": b.tool_call_id, "name": b.tool_name, "arguments": b.tool_kwargs}
+                                        for b in message.blocks if isinstance(b, ToolCallBlock)]
+    return chat_message(role, _text_of(message, index), tool_calls=calls or None,
                         tool_call_id=extra.get("tool_call_id") if ROLE_NAMES.get(role, role) == "tool" else None)
-
-
-def _as_object(arguments: dict[str, Any] | str) -> dict[str, Any]:
-    """LlamaIndex's ToolSelection takes an object: a server's call whose arguments are no JSON object has none."""
-    return arguments if isinstance(arguments, dict) else {}

@@ -40,9 +40,19 @@ def test_a_misspelt_call_keyword_is_an_error_not_dropped(monkeypatch):
     llm = FlyChatModel()
     monkeypatch.setattr(FlyChatModel, "engine", lambda self, target=None: pytest.fail("loaded a model"))
     with pytest.raises(InvalidSettingsError, match="temprature"):
-        llm._request([], None, {"temprature": 0.5})
+        _request(llm, {"temprature": 0.5})
     with pytest.raises(InvalidSettingsError, match="repetition_penalty"):
-        llm._request([], None, {"repeat_penalty": 0})  # an Ollama name, checked as the setting it is
+        _request(llm, {"repeat_penalty": 0})  # an Ollama name, checked as the setting it is
+    remote = FlyChatModel(base_url="http://127.0.0.1:9/v1")  # and before anything is sent to a server
+    with pytest.raises(InvalidSettingsError, match="repetition_penalty"):
+        remote._transport._body(remote, remote._call([], None, {"repeat_penalty": 0}))
+
+
+def _request(llm, kwargs):
+    """The request the local transport makes of a LangChain call with ``kwargs``."""
+    from fly_integrations.transport import Local
+
+    return Local._request(llm, llm._call([], None, kwargs))
 
 
 def test_ollama_format_asks_for_json_as_response_format_does(monkeypatch):
@@ -52,7 +62,7 @@ def test_ollama_format_asks_for_json_as_response_format_does(monkeypatch):
     assert format_schema(None) is None
     monkeypatch.setattr(FlyChatModel, "engine", lambda self, target=None: None)
     llm = FlyChatModel(format="json")
-    assert llm._request([], None, {}).json_schema == {}
-    assert llm._request([], None, {"format": {"type": "array"}}).json_schema == {"type": "array"}
+    assert _request(llm, {}).json_schema == {}
+    assert _request(llm, {"format": {"type": "array"}}).json_schema == {"type": "array"}
     schema = {"type": "json_schema", "json_schema": {"schema": {"type": "string"}}}
-    assert llm._request([], None, {"response_format": schema}).json_schema == {"type": "string"}
+    assert _request(llm, {"response_format": schema}).json_schema == {"type": "string"}
