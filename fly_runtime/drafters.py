@@ -48,31 +48,23 @@ class Draft:
 
 class Drafter:
     """The seam between the proposer and a drafter, as transformers' ``CandidateGenerator``: ``propose`` a
-    draft, then ``commit`` what the target kept. A drafter that reads the context into a cache of its own (a
-    model) also tells what it has not read and reads it ahead of a proposal; one that reads nothing (prompt
-    lookup) keeps the defaults below."""
+    draft, ``commit`` what the target kept (each drafter keeping its own state in step with it), ``reset`` at a
+    request's start. A drafter that reads the context into a cache of its own (a model) says in ``commit`` what
+    it has not read yet and reads it where asked; one that reads nothing (prompt lookup) keeps the defaults."""
 
     def propose(self, context: Sequence[int], shape: DraftShape, sampler: Sampler) -> Draft:
         """Up to ``shape.k`` tokens to follow ``context`` (prompt + committed ids)."""
         raise NotImplementedError
 
-    def commit(self, context: Sequence[int]) -> None:
-        """The target kept ``context``; drop any state beyond it."""
-
-    def begin(self) -> None:
-        """A request starts: forget what the last one taught (a KV cache is kept: its prefix may be reused)."""
-
-    def unread(self, context: Sequence[int]) -> int:
-        """How many ids ``catch_up(context)`` would read."""
+    def commit(self, context: Sequence[int], read: bool = False) -> int:
+        """The target kept ``context``: drop any state beyond it; with ``read``, also read all of it but its
+        last id (which the next proposal feeds): the prompt before a request's first round, the tokens committed
+        while decoding plainly before a later one. Returns how many ids are left unread before that last one."""
         return 0
 
-    def catch_up(self, context: Sequence[int]) -> None:
-        """Read all of ``context`` but its last id (which the next proposal feeds): the prompt before a
-        request's first round, the tokens committed while decoding plainly before a later one."""
-
-    def reset(self) -> None:
-        """Forget everything, a KV cache included."""
-        self.begin()
+    def reset(self, cache: bool = False) -> None:
+        """A request starts: forget what the last one taught; with ``cache``, the KV cache too (otherwise kept:
+        its prefix may be reused)."""
 
 
 def _one_hot_rows(token_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
@@ -121,16 +113,6 @@ class ModelDrafter(Drafter):
         self._ngram_proposed = 0
         self._ngram_kept = 0
 
-    def begin(self) -> None:
-        self._ngram_proposed = self._ngram_kept = 0
-
-    def unread(self, context: Sequence[int]) -> int:
-        return max(0, len(context) - 1 - self.sequence.reusable(context))
-
-    def catch_up(self, context: Sequence[int]) -> None:
-        unread = self.sequence.crop_to_prefix(context)
-        if len(unread) > 1:
-            self.sequence.extend(unread[:-1], keep=1)
 
     def _ngrams_useful(self, shape: DraftShape) -> bool:
         if self.ngram is None or not shape.ngrams:
@@ -181,10 +163,15 @@ class ModelDrafter(Drafter):
             draft.probs = torch.cat(rows)
         return draft
 
-    def commit(self, context: Sequence[int]) -> None:
+    def commit(self, context: Sequence[int], read: bool = False) -> int:
         # keep what the target kept; the first id not in the cache is fed with the next proposal
-        self.sequence.crop_to_prefix(context)
+        unread = self.sequence.crop_to_prefix(context)
+        if read and len(unread) > 1:
+            self.sequence.extend(unread[:-1], keep=1)
+            return 0
+        return max(0, len(unread) - 1)
 
-    def reset(self) -> None:
-        self.sequence.reset()
-        self.begin()
+    def reset(self, cache: bool = False) -> None:
+        if cache:
+            self.sequence.reset()
+        self._ngram_proposed = self._ngram_kept = 0

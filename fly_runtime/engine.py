@@ -233,7 +233,7 @@ class FlyEngine:
 
     def _reset_drafter(self) -> None:
         if self.drafter is not None:
-            self.drafter.reset()
+            self.drafter.reset(cache=True)
 
     def _check_prompt(self, prompt_ids: Sequence[int], config: GenerationConfig) -> list[int]:
         prompt = list(prompt_ids)
@@ -346,7 +346,7 @@ class FlyEngine:
             target.extend(filler, keep=1)
             step, nine = (pass_seconds(target.extend, target.crop, context, filler[:n], repeats) for n in (1, 9))
             assert self.drafter is not None
-            self.drafter.catch_up(filler)
+            self.drafter.commit(filler, read=True)
             greedy = Sampler(0.0, 0, 1.0, torch.Generator())
             drafted: list[Draft] = []
 

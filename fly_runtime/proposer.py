@@ -63,7 +63,7 @@ class Proposer:
                  learned: Learned, sampler: Sampler) -> None:
         self.policy = DraftPolicy(config, learned.plain_step, learned.costs) if config.mode != "ar" else None
         if self.policy is not None and drafter is not None:
-            drafter.begin()
+            drafter.reset()
         self.drafter = drafter
         self.lookup = lookup
         self.learned = learned
@@ -102,7 +102,7 @@ class Proposer:
         if policy.next_is_plain():
             return Proposal(Draft(), None, start, start)
         if not policy.model_drafts or (self.deferral is not None and not self.deferral.due(
-                self.drafter.unread(context), policy.plain_step_seconds, remaining)):
+                self.drafter.commit(context), policy.plain_step_seconds, remaining)):
             return self._lookup(context, remaining, start)
         self._catch_up(context, start)
         shape = policy.shape(remaining - 1, strict_leading)
@@ -152,8 +152,8 @@ class Proposer:
     def _catch_up(self, context: Sequence[int], start: float) -> None:
         """Let the model drafter read what it has not (the prompt, or a plain stretch); the first read of a
         deferring request prices the next one."""
-        unread = self.drafter.unread(context) if self.deferral is not None else 0
-        self.drafter.catch_up(context)
+        unread = self.drafter.commit(context) if self.deferral is not None else 0
+        self.drafter.commit(context, read=True)
         if self.deferral is not None:
             self.learned.read_share = self.deferral.learn(unread, time.perf_counter() - start)
             self.deferral = None

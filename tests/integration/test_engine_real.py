@@ -161,10 +161,13 @@ def test_drafter_catches_up_before_drafting_and_requests_start_fresh(engine, cha
     prompt = chat_ids(PROMPTS[5])
     drafter = engine.drafter
     with engine.exclusive():
-        drafter.catch_up(prompt[:10])
+        drafter.reset(cache=True)
+        assert drafter.commit(prompt[:10]) == 9  # what reading it would take
+        drafter.commit(prompt[:10], read=True)
         assert drafter.sequence.ids == prompt[:9]
-        drafter.catch_up(prompt)  # reads only what it has not read
-        assert drafter.sequence.ids == prompt[:-1]
+        assert drafter.commit(prompt) == len(prompt) - 10
+        drafter.commit(prompt, read=True)  # reads only what it has not read
+        assert drafter.sequence.ids == prompt[:-1] and drafter.commit(prompt) == 0
         draft = drafter.propose(prompt, DraftShape(k=4, confidence_floor=0.0, extension=0, ngrams=True),
                                 Sampler(0.0, 0, 1.0, torch.Generator()))
         assert len(draft.token_ids) == 4 and draft.forwards >= 1
@@ -182,7 +185,7 @@ def test_a_lone_doubtful_draft_token_is_dropped_in_exact_mode_but_not_in_fly(eng
     drafter = engine.drafter
     greedy = Sampler(0.0, 0, 1.0, torch.Generator())
     with engine.exclusive():
-        drafter.catch_up(prompt)
+        drafter.commit(prompt, read=True)
         # every token is doubtful under a floor of 1: exact drops the draft (a plain step costs less than
         # verifying one doubtful token); FLy drafts on past its first doubt (a mismatch there may be
         # forgiven) and stops at the second

@@ -100,16 +100,17 @@ def test_the_proposer_begins_its_drafter_and_tells_it_what_the_target_kept():
 
     class Recording(Drafter):  # a drafter keeps the base class's defaults for what it does not need
         def __init__(self) -> None:
-            self.begun, self.kept = 0, []
+            self.begun, self.kept, self.read = 0, [], []
 
-        def begin(self) -> None:
+        def reset(self, cache: bool = False) -> None:
             self.begun += 1
 
         def propose(self, context, shape, sampler):
             return Draft([8, 9, 10][: shape.k], forwards=3)
 
-        def commit(self, context) -> None:
-            self.kept.append(list(context))
+        def commit(self, context, read: bool = False) -> int:
+            (self.read if read else self.kept).append(list(context))
+            return 0
 
     drafter = Recording()
     propose = Proposer(GenerationConfig(mode="exact"), drafter, None, defer=False,
@@ -117,6 +118,7 @@ def test_the_proposer_begins_its_drafter_and_tells_it_what_the_target_kept():
     assert drafter.begun == 1
     proposal = propose.propose(CONTEXT, 20, 0)
     assert proposal.source is drafter and proposal.by_model and proposal.draft.token_ids == [8, 9, 10]
+    assert drafter.read == [CONTEXT]  # it read the prompt before its first proposal
     propose.record(proposal, Verdict(accepted=1, next_token=4, native=1, forgiven=0, matched=1), CONTEXT, [8, 4])
     assert drafter.kept == [CONTEXT + [8, 4]]
     propose.record(propose.propose(CONTEXT, 1, 0), None, CONTEXT, [5])  # a plain step: nothing to commit
