@@ -7,6 +7,7 @@ what it is given and reports back. It knows nothing of how drafts are verified.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import torch
 
 from fly_runtime.adaptive import CostProfile, DeferredRead, DraftPolicy
 from fly_runtime.config import GenerationConfig
-from fly_runtime.drafters import Draft, Drafter, DraftShape, NgramDrafter
+from fly_runtime.drafters import Draft, Drafter, DraftShape
 from fly_runtime.sampling import Sampler
 from fly_runtime.verify import Verdict
 
@@ -24,7 +25,13 @@ if TYPE_CHECKING:
     from fly_runtime.constraint import JsonConstraint
 
 
-_FORCED = NgramDrafter()  # the source of forced proposals: stateless, nothing to commit
+class Kind(enum.Enum):
+    """Where a round's proposal came from."""
+
+    PLAIN = "plain"  # nothing to verify: a plain step
+    LOOKUP = "lookup"  # prompt lookup's n-grams
+    MODEL = "model"  # the drafter model (fed n-grams first where they help)
+    FORCED = "forced"  # the tokens a grammar allows no alternative to: no drafter's evidence
 
 
 @dataclass
@@ -40,18 +47,25 @@ class Learned:
 @dataclass
 class Proposal:
     draft: Draft
-    source: Drafter | None  # the drafter that proposed it (its state follows the commit); None: a plain step
+    kind: Kind
     started: float  # when the step began
     ready: float  # when the proposal was made: verification is timed from here
+    source: Drafter | None = None  # whose state follows the commit: the drafter model or prompt lookup
     draft_seconds: float = 0.0  # spent drafting (a model draft; its catch-up read is not part of it)
-    by_model: bool = False
-    forced: bool = False  # the grammar's forced tokens: no drafter's evidence
     shared: bool = False  # proposed for a pass other requests share: its times are not this request's own
     masks: torch.Tensor | None = None  # [len(draft) + 1, V]: what the grammar allows at each verified position
 
     @property
     def plain(self) -> bool:
-        return self.source is None
+        return self.kind is Kind.PLAIN
+
+    @property
+    def forced(self) -> bool:
+        return self.kind is Kind.FORCED
+
+    @property
+    def by_model(self) -> bool:
+        return self.kind is Kind.MODEL
 
 
 class Proposer:
@@ -92,15 +106,15 @@ class Proposer:
         start = time.perf_counter()
         policy = self.policy
         if policy is not None and forced and remaining > 1:
-            return Proposal(Draft(list(forced[: remaining - 1])), _FORCED, start, start, forced=True)
+            return Proposal(Draft(list(forced[: remaining - 1])), Kind.FORCED, start, start)
         if policy is None or remaining <= 1:
-            return Proposal(Draft(), None, start, start)
+            return Proposal(Draft(), Kind.PLAIN, start, start)
         if sharing > 1 and policy.adaptive:
             # a pass shared with other requests: a draft's rows slow them all, and a model draft makes them
             # wait for the drafter, so only prompt lookup may draft, priced as the shared pass sees it
             return dataclasses.replace(self._lookup(context, remaining, start, sharing), shared=True)
         if policy.next_is_plain():
-            return Proposal(Draft(), None, start, start)
+            return Proposal(Draft(), Kind.PLAIN, start, start)
         if not policy.model_drafts or (self.deferral is not None and not self.deferral.due(
                 self.drafter.commit(context), policy.plain_step_seconds, remaining)):
             return self._lookup(context, remaining, start)
@@ -109,7 +123,7 @@ class Proposer:
         drafted = time.perf_counter()
         draft = self.drafter.propose(context, shape, self.sampler)
         ready = time.perf_counter()
-        return Proposal(draft, self.drafter, start, ready, ready - drafted, by_model=True)
+        return Proposal(draft, Kind.MODEL, start, ready, self.drafter, ready - drafted)
 
     def record(self, proposal: Proposal, verdict: Verdict | None, context: Sequence[int], new: Sequence[int]) -> None:
         """The step is done: ``new`` tokens follow ``context`` (``verdict`` None for a plain step)."""
@@ -145,9 +159,9 @@ class Proposer:
         keep = self.policy.lookup.length(len(draft.token_ids), sharing)
         now = time.perf_counter()
         if not keep:
-            return Proposal(Draft(), None, start, now)
+            return Proposal(Draft(), Kind.PLAIN, start, now)
         self.lookup_rounds += 1
-        return Proposal(draft.head(keep), self.lookup, start, now)
+        return Proposal(draft.head(keep), Kind.LOOKUP, start, now, self.lookup)
 
     def _catch_up(self, context: Sequence[int], start: float) -> None:
         """Let the model drafter read what it has not (the prompt, or a plain stretch); the first read of a
