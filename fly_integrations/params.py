@@ -17,7 +17,7 @@ from fly_runtime.loader import AUTO_DRAFT, DEFAULT_TARGET
 OPENAI_FIELDS = ("max_tokens", "temperature", "top_p", "seed")
 # the generation statistics each reply's metadata carries
 METADATA_STATS = ("mean_accepted", "acceptance_rate", "fly_forgiven", "tokens_per_second", "target_forwards",
-                  "mean_k", "cached_tokens")
+                  "mean_k", "cached_tokens", "drafter_busy")
 
 
 # the adapters' own defaults where they differ from GenerationConfig's: frameworks size replies by max_tokens, and

@@ -53,6 +53,7 @@ class GenerationStats:
     plain_steps: int = 0  # steps decoded without speculation (measuring, falling back, or lookup found nothing)
     lookup_rounds: int = 0  # rounds drafted by prompt lookup alone, before the model drafter read the prompt
     forced_tokens: int = 0  # tokens a grammar forced (keys, punctuation), verified in passes without drafting
+    drafter_busy: int = 0  # 1 where another request held the drafter, so this one was decoded plainly (mode ar)
     seconds: float = 0.0
 
     @property
@@ -257,11 +258,14 @@ class FlyEngine:
         seq = self.slots.take(prompt, len(prompt) + config.max_new_tokens + Slots.DRAFT_ROOM)
         start = time.perf_counter()  # the wait for a sequence is not the request's time
         drafting = config.mode != "ar" and self._drafting.acquire(blocking=False)
-        if config.mode != "ar" and not drafting:
+        busy = config.mode != "ar" and not drafting
+        if busy:
             config = dataclasses.replace(config, mode="ar")
         try:
             with _torch_threads(self.host_threads):
-                yield from self._serve(stream, self._start(prompt, config, self.slots.sequences[seq], start))
+                request = self._start(prompt, config, self.slots.sequences[seq], start)
+                request.stats.drafter_busy = int(busy)
+                yield from self._serve(stream, request)
         except BaseException:
             # a request that failed inside a forward pass may leave a cache out of step with its ids; one
             # abandoned or failed for any reason leaves nothing for the next request to trust

@@ -127,6 +127,25 @@ def test_a_stream_left_open_does_not_hold_up_the_others(tokenizer):
     assert engine.slots.holding() is False
 
 
+def test_a_request_that_finds_the_drafter_busy_is_decoded_plainly_and_says_so(tokenizer):
+    from fly_runtime.drafters import NgramDrafter
+
+    lm = ArithmeticLM(len(tokenizer), sequences=2)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    engine = FlyEngine(CachedSequence(lm), tokenizer, NgramDrafter(), vocab_size=lm.vocab, eos_token_ids=[eos],
+                       max_context=lm.max_context)
+    engine.slots.passes.window = 0.05
+    exact = GenerationConfig(mode="exact", max_new_tokens=24)
+    drafting = engine.stream(PROMPTS[0], exact)
+    next(drafting)  # this request holds the drafter while its stream is open
+    second = engine.generate(PROMPTS[1], exact)
+    assert second.stats.drafter_busy == 1
+    assert second.token_ids == engine.generate(PROMPTS[1], CONFIG).token_ids  # plain decoding's answer
+    drafting.close()
+    alone = engine.generate(PROMPTS[1], exact)
+    assert alone.stats.drafter_busy == 0
+
+
 def test_the_cache_budget_admits_requests_that_fit(tokenizer):
     lm = ArithmeticLM(len(tokenizer), sequences=2, max_context=100)
     engine = engine_over(lm, tokenizer)
