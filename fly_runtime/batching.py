@@ -15,24 +15,10 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
-from fly_runtime.backends.base import CachedSequence, common_prefix
-
-
-class MultiSequenceBackend(Protocol):
-    """A backend whose cache holds ``sequences`` sequences in one pool of ``max_context`` cells."""
-
-    sequences: int
-    max_context: int
-
-    def forward_rows(self, parts: Sequence[tuple[int, Sequence[int], int | None]]) -> list[torch.Tensor]: ...
-
-    def crop_sequence(self, seq: int, length: int) -> None: ...
-
-    def share(self, source: int, target: int, length: int) -> None: ...
+from fly_runtime.backends.base import CachedSequence, MultiSequenceBackend, common_prefix
 
 
 @dataclass
@@ -172,12 +158,13 @@ class Slots:
 
     def __init__(self, target: CachedSequence, limit: int | None = None) -> None:
         """``limit``: sequences used of those the backend holds (None: all)."""
-        backend = getattr(target, "backend", None)
-        count = min(getattr(backend, "sequences", 1), limit or 64)
+        backend = target.backend if target is not None else None
+        several = isinstance(backend, MultiSequenceBackend)
+        count = min(backend.sequences, limit or 64) if several else 1
         self.passes = SharedPasses(backend) if count > 1 else None
         self.sequences = ([target] if self.passes is None else
                           [CachedSequence(SequenceView(self.passes, s)) for s in range(count)])
-        self.capacity = getattr(backend, "max_context", 0)
+        self.capacity = backend.max_context if backend is not None else 0
         self._cond = threading.Condition()
         self._free = list(range(len(self.sequences)))
         self._reserved: dict[int, int] = {}  # busy sequence -> the cells its request may fill

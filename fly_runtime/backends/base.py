@@ -1,9 +1,10 @@
-"""What every backend offers the engine: run new tokens through the model, and crop its KV cache."""
+"""What every backend offers the engine: run new tokens through the model, and crop its KV cache; and what a
+backend whose cache holds several sequences offers besides (batched decoding)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -22,6 +23,21 @@ class Backend(Protocol):
     def crop(self, length: int) -> None:
         """Keep only the first ``length`` cached positions."""
         ...
+
+
+@runtime_checkable
+class MultiSequenceBackend(Protocol):
+    """A backend whose cache holds ``sequences`` sequences in one pool of ``max_context`` cells (llama.cpp): the
+    engine decodes several requests together on it, in passes whose parts are (sequence, new ids, keep)."""
+
+    sequences: int
+    max_context: int
+
+    def forward_rows(self, parts: Sequence[tuple[int, Sequence[int], int | None]]) -> list[torch.Tensor]: ...
+
+    def crop_sequence(self, seq: int, length: int) -> None: ...
+
+    def share(self, source: int, target: int, length: int) -> None: ...
 
 
 class CachedSequence:
