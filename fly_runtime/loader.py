@@ -128,8 +128,8 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
     tokenizer = load_tokenizer(target_model)
     vocab_size = len(tokenizer)
     precision = target_precision(settings, target_model, tokenizer) if kind == "onnx" else "fp32"
-    target_backend = open_backend(target_model, kind, precision, settings.device,
-                                   settings.max_batch or max(BATCH_CANDIDATES))
+    target_backend = open_backend(target_model, kind, precision, device=settings.device,
+                                  sequences=settings.max_batch or max(BATCH_CANDIDATES))
     draft_name = settings.draft
     if draft_name == AUTO_DRAFT:
         draft_name = auto_drafter(settings.target, tokenizer) if _drafts_can_pay(
@@ -141,7 +141,7 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
     else:
         draft_model = resolve_model(draft_name)
         check_same_tokenizer(tokenizer, load_tokenizer(draft_model), settings.target, draft_name)
-        draft_sequence = CachedSequence(open_backend(draft_model, kind, "int4", settings.device))
+        draft_sequence = CachedSequence(open_backend(draft_model, kind, "int4", device=settings.device))
         # prompt lookup (stateless) serves twice: in front of the drafter where a request asks for n-grams, and
         # alone before the drafter reads
         lookup = NgramDrafter()

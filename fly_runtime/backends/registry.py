@@ -59,7 +59,7 @@ def _torch(model, precision: str, device: str | None, threads: int, sequences: i
 FACTORIES: dict[str, Callable[..., Backend]] = {GGUF: _llama_cpp, "onnx": _onnx_graph, "torch": _torch}
 
 
-def open_backend(model, kind: str, precision: str, device: str | None = None, threads: int | None = None,
+def open_backend(model, kind: str, precision: str, *, device: str | None = None, threads: int | None = None,
                  sequences: int = 1) -> Backend:
     """``model`` on backend ``kind`` (``onnx`` runs the GGUF on llama.cpp where ``precision`` is ``gguf``), its
     cache holding ``sequences`` sequences where the backend holds several (llama.cpp)."""

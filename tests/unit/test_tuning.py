@@ -94,3 +94,20 @@ def test_bench_modes_take_a_precision_and_a_k():
     assert ModeSpec.parse("fly:k8:int8") == ModeSpec("fly:k8:int8", "fly", 8, "int8")
     assert ModeSpec.parse("llama-cpp").plain and ModeSpec.parse("ar:int4").plain
     assert not ModeSpec.parse("exact").plain
+
+
+def test_backends_are_opened_by_name_with_the_sequences_asked_for(monkeypatch):
+    """The loader and the tuning open every form through one registry; a llama.cpp target is opened with the
+    sequences batched decoding asks for, on this machine's cores."""
+    import os
+
+    from fly_runtime.backends import registry
+
+    opened = []
+    monkeypatch.setitem(registry.FACTORIES, "gguf", lambda *args: opened.append(args) or "llama.cpp")
+    monkeypatch.setitem(registry.FACTORIES, "onnx", lambda *args: opened.append(args) or "graph")
+    assert registry.open_backend("m", "onnx", "gguf", sequences=16) == "llama.cpp"
+    assert registry.open_target("m", "int4") == "graph"
+    assert opened == [("m", "gguf", None, os.cpu_count(), 16), ("m", "int4", None, os.cpu_count(), 1)]
+    with pytest.raises(TypeError):  # device, threads and sequences are named, never taken by position
+        registry.open_backend("m", "onnx", "gguf", None, 16)
