@@ -87,8 +87,12 @@ def test_llama_index_openai_like_works_unchanged(server):
     llm = OpenAILike(model="fly", api_base=server["url"], api_key=KEY, is_chat_model=True,
                      is_function_calling_model=True, max_tokens=16, context_window=8192)
     answer = llm.chat([ChatMessage(role="user", content="Count to three.")]).message.content
-    assert answer and "".join(r.delta for r in llm.stream_chat([ChatMessage(role="user",
-                                                                             content="Count to three.")])) == answer
+    assert "three" in answer.lower()
+    # streamed: the deltas make the message (the answer itself may take another near-tie on the quantised
+    # target: the second request reads its prompt from the cache, in a pass of another size)
+    streamed = list(llm.stream_chat([ChatMessage(role="user", content="Count to three.")]))
+    assert "".join(r.delta for r in streamed) == streamed[-1].message.content and "three" in \
+        streamed[-1].message.content.lower()
     response = llm.chat_with_tools([FunctionTool.from_defaults(get_weather)], user_msg="Weather in Oslo?",
                                    tool_required=True)
     [selection] = llm.get_tool_calls_from_response(response)
