@@ -7,9 +7,9 @@ Each caller only takes the text out of its own content blocks, which differ by f
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from fly_integrations.tool_calls import arguments_of
 from fly_runtime.errors import InvalidPromptError
 
 # other frameworks' and APIs' names for the chat roles fly's templates know (system, user, assistant, tool)
@@ -38,14 +38,7 @@ def chat_message(role: str, content: str, *, tool_calls: list[dict[str, Any]] | 
 def call_arguments(arguments: Any) -> dict[str, Any] | str:
     """A call's arguments as an object. Text that is no JSON object stays the text the model wrote: OpenAI's API
     takes any text there, and a malformed call in the history is still what the model said."""
-    if not arguments:
-        return {}
-    if not isinstance(arguments, str):
-        return arguments
-    try:
-        parsed = json.loads(arguments)
-    except json.JSONDecodeError:
-        return arguments
+    parsed = arguments_of(arguments)
     return parsed if isinstance(parsed, dict) else arguments
 
 

@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
+from fly_integrations.messages import call_arguments
 from fly_integrations.prompting import TemplateRefused, render_prompt
 from fly_integrations.reasoning import Reasoning, ReasoningSplitter, opens_inside, thinks
 from fly_integrations.tool_calls import HERMES, InvalidToolCall, ReplySplitter, ToolCall
@@ -152,9 +153,4 @@ def _all_answered(calls: list[ToolCall], messages: list[dict]) -> bool:
 
 
 def _key(name: str, arguments: object) -> str:
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
-    return name + json.dumps(arguments, sort_keys=True, ensure_ascii=False)
+    return name + json.dumps(call_arguments(arguments), sort_keys=True, ensure_ascii=False)

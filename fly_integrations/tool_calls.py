@@ -127,23 +127,31 @@ class ParsedReply:
     invalid: list[InvalidToolCall] = field(default_factory=list)
 
 
+def arguments_of(value: object) -> dict | str:
+    """A call's arguments as an object, however they came (an object, JSON text, nothing), or why they are not
+    one: the one reading of argument text, for calls a model writes, a server streams and a history holds."""
+    if isinstance(value, str):
+        if not value.strip():
+            return {}
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            return f"the arguments string is not JSON: {exc}"
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        return f"the arguments are a {type(value).__name__}, not a JSON object"
+    return value
+
+
 def _call_from_json(obj: object, known: set[str] | None) -> ToolCall | str:
     """The call, or why ``obj`` is not one."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return 'not a JSON object with a "name" string'
     if known is not None and obj["name"] not in known:
         return f"no tool named {obj['name']!r} is bound (bound: {', '.join(sorted(known))})"
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as exc:
-            return f"the arguments string is not JSON: {exc}"
-    if args is None:
-        args = {}
-    if not isinstance(args, dict):
-        return f"the arguments are a {type(args).__name__}, not a JSON object"
-    return ToolCall(obj["name"], args)
+    args = arguments_of(obj.get("arguments", obj.get("parameters", {})))
+    return ToolCall(obj["name"], args) if isinstance(args, dict) else args
 
 
 def _load_json(text: str) -> object:

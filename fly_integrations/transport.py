@@ -17,7 +17,7 @@ from fly_integrations.params import CALL_ALIASES, OPENAI_FIELDS, OVERRIDABLE
 from fly_integrations.reasoning import Reasoning
 from fly_integrations.replies import Reply, stream_reply
 from fly_integrations.streaming import aiter_in_thread
-from fly_integrations.tool_calls import InvalidToolCall, ToolCall
+from fly_integrations.tool_calls import InvalidToolCall, ToolCall, arguments_of
 from fly_runtime.engine import GenerationResult, GenerationStats
 
 
@@ -169,14 +169,11 @@ class _StreamReader:
     def reply(self) -> Reply:
         calls, invalid = [], []
         for call in (self.calls[i] for i in sorted(self.calls)):
-            try:
-                arguments = json.loads(call["arguments"] or "{}")
-            except json.JSONDecodeError as exc:
-                arguments = f"not JSON: {exc}"
+            arguments = arguments_of(call["arguments"])
             if isinstance(arguments, dict):
                 calls.append(ToolCall(call["name"], arguments, **({"id": call["id"]} if call["id"] else {})))
             else:
-                invalid.append(InvalidToolCall(call["arguments"], str(arguments), call["name"] or None))
+                invalid.append(InvalidToolCall(call["arguments"], arguments, call["name"] or None))
         result = GenerationResult(self.content, [], self.finish, self._stats(), self.fly.get("draft_model"))
         return Reply(self.content, calls, result, invalid, self.reasoning)
 
