@@ -113,12 +113,7 @@ class FlyParams(RequestSettings):
     ) -> ReplyRequest:
         """One call's request: its stops (else the instance's) and per-call setting overrides, checked before
         the model loads, so a bad setting never costs a model load."""
-        stops = list(stop if stop is not None else self.stop or [])
-        call_kwargs = {CALL_ALIASES.get(k, k): v for k, v in call_kwargs.items()}
-        overrides = {k: call_kwargs[k] for k in OVERRIDABLE if k in call_kwargs}
-        self.generation_config(stops, **overrides)
-        if json_schema is None:
-            json_schema = format_schema(call_kwargs.get("format", self.format))
+        stops, overrides, json_schema = self.call_settings(stop, call_kwargs, json_schema)
         return ReplyRequest(
             engine=self.engine(model),
             messages=messages,
@@ -128,13 +123,17 @@ class FlyParams(RequestSettings):
             config=lambda extra: self.generation_config([*stops, *extra], **overrides),
         )
 
-    def extra_body(self, call_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-        """fly's own settings as the extra body fields of a request to a server (base_url): this instance's,
-        overridden by those taken out of ``call_kwargs``."""
-        body = {name: getattr(self, name) for name in OVERRIDABLE if name not in OPENAI_FIELDS}
-        if call_kwargs is not None:
-            body |= {name: call_kwargs.pop(name) for name in list(call_kwargs) if name in body}
-        return body
+    def call_settings(self, stop: list[str] | None, call_kwargs: dict[str, Any],
+                      json_schema: dict[str, Any] | None = None) -> tuple[list[str], dict[str, Any], dict | None]:
+        """One call's stops (else the instance's), setting overrides under fly's names (Ollama's taken too) and
+        reply schema (else the ``format`` setting's), checked here: before a model loads or a server is asked."""
+        stops = list(stop if stop is not None else self.stop or [])
+        call_kwargs = {CALL_ALIASES.get(k, k): v for k, v in call_kwargs.items()}
+        overrides = {k: call_kwargs[k] for k in OVERRIDABLE if k in call_kwargs}
+        self.generation_config(stops, **overrides)
+        if json_schema is None:
+            json_schema = format_schema(call_kwargs.get("format", self.format))
+        return stops, overrides, json_schema
 
     def fly_metadata(self, result, model: str | None = None) -> dict[str, Any]:
         """A reply's metadata: the models that served it (a per-call ``model=`` included; the drafter, None

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fly_integrations.messages import format_schema, openai_tool_choice
-from fly_integrations.params import CALL_ALIASES, OPENAI_FIELDS, OVERRIDABLE
+from fly_integrations.messages import openai_tool_choice
+from fly_integrations.params import OPENAI_FIELDS, OVERRIDABLE
 from fly_integrations.reasoning import Reasoning
 from fly_integrations.replies import Reply, stream_reply
 from fly_integrations.streaming import aiter_in_thread
@@ -96,10 +96,7 @@ class Remote:
     def _body(params, call: Call) -> dict[str, Any]:
         """The request: OpenAI's fields at the top, fly's settings as extra body fields; a bad setting raises
         fly's error here, before anything is sent."""
-        stops = list(call.stop if call.stop is not None else params.stop or [])
-        kwargs = {CALL_ALIASES.get(k, k): v for k, v in call.kwargs.items()}
-        overrides = {k: kwargs[k] for k in OVERRIDABLE if k in kwargs}
-        params.generation_config(stops, **overrides)
+        stops, overrides, schema = params.call_settings(call.stop, call.kwargs, call.json_schema)
         settings = {name: overrides.get(name, getattr(params, name)) for name in OVERRIDABLE}
         body: dict[str, Any] = {
             "model": call.model or params.target, "messages": [_openai_message(m) for m in call.messages],
@@ -113,8 +110,6 @@ class Remote:
             body["tools"] = call.tools
             if call.tool_choice is not None:
                 body["tool_choice"] = openai_tool_choice(call.tool_choice)
-        schema = call.json_schema if call.json_schema is not None else format_schema(kwargs.get("format",
-                                                                                             params.format))
         if schema is not None:
             body["response_format"] = ({"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
                                        if schema else {"type": "json_object"})
