@@ -195,13 +195,14 @@ def _fetch_drafter(target, precision: str, draft: str, keep_weights: bool) -> st
     line saying why it is not fetched (``fly models fetch DRAFTER --precision int4`` fetches it anyway)."""
     from fly_runtime.loader import open_target
     from fly_runtime.sources import resolve_model
-    from fly_runtime.tuning import pass_costs, pass_prices
+    from fly_runtime.tuning import drafter_share, pass_costs, pass_prices
 
-    prices = pass_prices(pass_costs(lambda: open_target(target, precision), target, precision))
+    prices = pass_prices(pass_costs(lambda: open_target(target, precision), target, precision),
+                         drafter_share(target.name, draft))
     if not prices.model_drafts_pay():
         return (f"{draft}: not fetched: beside the {precision} target here a drafted token costs "
-                f"{prices.row / prices.step:.2f} of a step to verify, so model drafts cannot pay "
-                "(prompt lookup drafts instead)")
+                f"{prices.row / prices.step:.2f} of a step to verify and about {prices.draft / prices.step:.2f} to "
+                "draft, so model drafts cannot pay (prompt lookup drafts instead)")
     return _fetch_form(resolve_model(draft), "int4", keep_weights)
 
 

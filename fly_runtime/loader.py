@@ -132,8 +132,9 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
                                   sequences=settings.max_batch or max(BATCH_CANDIDATES))
     draft_name = settings.draft
     if draft_name == AUTO_DRAFT:
-        draft_name = auto_drafter(settings.target, tokenizer) if _drafts_can_pay(
-            kind, target_backend, target_model, precision) else None
+        draft_name = auto_drafter(settings.target, tokenizer)
+        if draft_name is not None and not _drafts_can_pay(kind, target_backend, target_model, precision, draft_name):
+            draft_name = None
     drafter: Drafter
     lookup: NgramDrafter | None = None
     if draft_name is None:
@@ -163,15 +164,15 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
     )
 
 
-def _drafts_can_pay(kind: str, backend: Backend, model: ResolvedModel, precision: str) -> bool:
-    """Could a drafter model pay beside this target on this machine? On the CPU that is a question of the
-    target's measured prices (tuning.drafts_can_pay); where it cannot, ``draft="auto"`` fetches and loads none
-    and drafts by prompt lookup, and a drafter named outright still loads."""
+def _drafts_can_pay(kind: str, backend: Backend, model: ResolvedModel, precision: str, drafter: str) -> bool:
+    """Could ``drafter`` pay beside this target on this machine? On the CPU that is a question of the target's
+    measured prices and the drafter's size beside it (tuning.drafts_can_pay); where it cannot, ``draft="auto"``
+    fetches and loads none and drafts by prompt lookup, and a drafter named outright still loads."""
     if kind != "onnx":
         return True  # a GPU verifies a row for almost nothing
-    from fly_runtime.tuning import drafts_can_pay, pass_costs
+    from fly_runtime.tuning import drafter_share, drafts_can_pay, pass_costs
 
-    return drafts_can_pay(pass_costs(lambda: backend, model, precision))
+    return drafts_can_pay(pass_costs(lambda: backend, model, precision), drafter_share(model.name, drafter))
 
 
 def auto_drafter(target: str, tokenizer) -> str | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import time
@@ -45,7 +46,8 @@ RECORD_VERSION = 5  # records of an older rule are measured again
 # forced tokens) are free and survive about this often
 TURN_READ, TURN_WRITE, TURN_SURVIVAL = 400, 100, 0.6
 READ_TOKENS = 64  # the prompt-read pass timed per form
-MEASURE_ROUNDS = 3
+MEASURE_ROUNDS = 2
+TIMED_CONTEXT = 2048  # room for the timed passes and a fidelity chunk
 
 
 def _cpu() -> tuple[str, set[str]]:
@@ -69,20 +71,21 @@ def machine_id() -> str:
 
 
 def machine_candidates(model=None) -> tuple[str, ...]:
-    """What to time here. A model that came as a GGUF, with llama-cpp-python installed: the GGUF under llama.cpp
-    and whichever of its graphs are built already (a graph is built where asked for, never to be timed: building
-    one converts the model to float32 first). Otherwise the int4 graph, and int8 too where the CPU multiplies int8
-    in hardware, from the model's own weights (int8 of a GGUF model only if built already). fp32 is timed only
-    where nothing else qualifies."""
+    """What to time here. A model that came as a GGUF, with llama-cpp-python installed: the GGUF under llama.cpp,
+    its int4 graph where that is written straight from the GGUF (seconds, about the model's size on disk: a form
+    that serves turns faster where rows are cheap), and whichever other graph is built already. Otherwise the int4
+    graph, and int8 too where the CPU multiplies int8 in hardware, from the model's own weights (int8 of a GGUF
+    model only if built already). fp32 is timed only where nothing else qualifies."""
     from fly_runtime.backends.llama_cpp_backend import available
 
     int8 = bool(_cpu()[1] & _INT8_DOT)
     if model is None or model.gguf is None:
         return ("int4", "int8") if int8 else ("int4",)
-    built = tuple(p for p in ("int4", "int8") if model.has_graph(p))
+    direct = model.builds_from_gguf()
+    graphs = tuple(p for p in ("int4", "int8") if model.has_graph(p) or (p == "int4" and direct))
     if available():
-        return (GGUF, *built)
-    return built or ("int4",)
+        return (GGUF, *graphs)
+    return graphs or ("int4",)
 
 
 def measure_graph(onnx_dir: Path, **kwargs) -> dict:
@@ -92,16 +95,20 @@ def measure_graph(onnx_dir: Path, **kwargs) -> dict:
     return measure(OrtBackend(onnx_dir, threads=os.cpu_count()), **kwargs)
 
 
-def measure(backend, context: int = 150, rows: tuple[int, ...] = (1, 9, READ_TOKENS), repeats: int = 6) -> dict:
+def measure(backend, context: int = 150, rows: tuple[int, ...] = (1, 9, READ_TOKENS), repeats: int = 6,
+            rows_alike: bool = True) -> dict:
     """Median milliseconds of a pass over each of ``rows`` new tokens at ``context`` cached tokens (the longest:
-    a prompt read, timed fewer times), and ``row_delta``: the largest logit difference between one-token steps
-    and 4- and 9-token passes over the same tokens."""
+    a prompt read, timed fewer times), and (``rows_alike``) ``row_delta``: the largest logit difference between
+    one-token steps and 4- and 9-token passes over the same tokens."""
     prompt = [100 + i % 300 for i in range(context)]  # ids every vocabulary has
     tokens = [400 + i % 300 for i in range(max(rows))]
     backend.crop(0)
     backend.forward(prompt, keep=1)
     out = {str(n): pass_seconds(backend.forward, backend.crop, context, tokens[:n],
                                 repeats - 1 if n <= 16 else 2, warmup=1) * 1000 for n in rows}
+    if not rows_alike:
+        backend.crop(0)
+        return out
     single = np.concatenate([backend.forward([t]).numpy() for t in tokens])
     delta = 0.0
     for chunk in (4, 9):
@@ -192,7 +199,8 @@ def fidelity(backend, ref: dict[str, np.ndarray]) -> dict[str, float]:
 def pick(costs: dict[str, dict]) -> str:
     """The form that serves a typical turn fastest (``turn_seconds``) among those that qualify (agreement at
     least ``AGREEMENT_FLOOR``; a form measured without a fidelity qualifies, as fp32 does by being the
-    reference, and the GGUF by being the model as the user has it); fp32 if none does."""
+    reference, and the GGUF, and a graph on its own grid, by being the model as the user has it); fp32 if none
+    does."""
     ok = [p for p, c in costs.items() if c.get("agreement", 1.0) >= AGREEMENT_FLOOR]
     return min(ok, key=lambda p: (turn_seconds(costs[p]), costs[p]["1"])) if ok else "fp32"
 
@@ -245,21 +253,33 @@ def choose_precision(model, tokenizer=None, candidates: tuple[str, ...] | None =
           f"{_records_file()}) ...", file=sys.stderr, flush=True)
     if model.gguf is not None and GGUF not in candidates:
         _say_llama_cpp_missing()
-    backends = {p: open_target(model, p) for p in candidates}
     graphs = [p for p in candidates if p != GGUF]  # the GGUF is the model as the user has it: nothing to check
-    if graphs and tokenizer is None:
-        tokenizer = load_tokenizer(model)
-    ref = reference(model, tokenizer) if graphs else None
-    costs = {p: fidelity(backends[p], ref) if p in graphs else {} for p in candidates}
-    # timed in turns, so that the machine's drift (a VM's neighbours, clocks) hits every candidate alike
-    rounds = [{p: measure(b, repeats=4) for p, b in backends.items()}
-              for _ in range(MEASURE_ROUNDS if len(backends) > 1 else 1)]
+    built_now = [p for p in graphs if not model.has_graph(p)]  # written for this comparison (GGUF ones only)
+    for p in built_now:
+        model.build_onnx(p)
+    # a graph on the GGUF's own grid is the file's model as llama.cpp runs it: nothing to check either
+    checked = [p for p in graphs if not model.on_own_grid(p)]
+    ref = reference(model, tokenizer or load_tokenizer(model)) if checked else None
+    costs: dict[str, dict] = {p: {} for p in candidates}
+    # timed in turns, so that the machine's drift (a VM's neighbours, clocks) hits every candidate alike; one form
+    # open at a time, so that choosing costs no more memory than running (the fidelity and the row differences,
+    # which do not drift, in the first turn only)
+    rounds: list[dict[str, dict]] = []
+    for turn in range(MEASURE_ROUNDS if len(candidates) > 1 else 1):
+        rounds.append({})
+        for p in candidates:
+            backend = open_target(model, p, context=TIMED_CONTEXT)  # llama.cpp's cache for what is timed only
+            if turn == 0 and p in checked:
+                costs[p].update(fidelity(backend, ref))
+            rounds[-1][p] = measure(backend, repeats=4, rows_alike=turn == 0)
+            getattr(backend, "close", lambda: None)()
+            del backend
     for p in costs:
-        costs[p].update({key: statistics.median(r[p][key] for r in rounds) for key in rounds[0][p]})
-    for backend in backends.values():  # before the engine opens its own: two copies of a model would not fit
-        getattr(backend, "close", lambda: None)()
-    del backends
+        costs[p].update({key: statistics.median(r[p][key] for r in rounds if key in r[p]) for key in rounds[0][p]})
     choice = pick(costs)
+    for p in built_now:  # a graph written only to be timed, and not chosen, is not kept (it takes seconds again)
+        if p != choice:
+            shutil.rmtree(model.graph_folder(p), ignore_errors=True)
     if choice not in costs:  # nothing quantised qualified: the full-precision graph, timed for the record
         costs[choice] = measure(open_target(model, choice))
     _record(f"{machine_id()}|{model.key}", {"model": model.name, "precision": choice, "ms": costs,
@@ -269,9 +289,9 @@ def choose_precision(model, tokenizer=None, candidates: tuple[str, ...] | None =
 
 
 def _say_llama_cpp_missing() -> None:
-    print("fly: llama-cpp-python is not installed, so this GGUF runs as an ONNX Runtime graph built from it (minutes "
-          "and gigabytes once, slower steps than llama.cpp); `pip install llama-cpp-python==0.3.36` adds llama.cpp "
-          "(it compiles once, 10-25 minutes)", file=sys.stderr, flush=True)
+    print("fly: llama-cpp-python is not installed, so this GGUF runs only as an ONNX Runtime graph written from it "
+          "(its one-token steps are slower than llama.cpp's on most CPUs); `pip install llama-cpp-python==0.3.36` adds "
+          "llama.cpp (it compiles once, 10-25 minutes)", file=sys.stderr, flush=True)
 
 
 def pass_costs(open_backend, model, precision: str) -> dict:
@@ -289,19 +309,30 @@ def pass_costs(open_backend, model, precision: str) -> dict:
     return ms
 
 
-def pass_prices(ms: dict):
-    """``pass_costs``' milliseconds as the adaptive policy's prices: a step, and what each token past the first of
-    a pass adds (a verified row); drafting free."""
+def pass_prices(ms: dict, draft_share: float = 0.0):
+    """``pass_costs``' milliseconds as the adaptive policy's prices: a step, what each token past the first of a
+    pass adds (a verified row), and a drafter token at ``draft_share`` of a step."""
     from fly_runtime.adaptive import CostProfile
 
     step = ms["1"] / 1000
-    return CostProfile(step=step, row=max(0.0, ms["9"] / 1000 - step) / 8, draft=0.0)
+    return CostProfile(step=step, row=max(0.0, ms["9"] / 1000 - step) / 8, draft=draft_share * step)
 
 
-def drafts_can_pay(ms: dict) -> bool:
-    """Could a drafter model pay beside a target with these pass times, even drafting for free at a survival
-    most drafters never reach (CostProfile.model_drafts_pay)? Where it cannot, none is fetched."""
-    return pass_prices(ms).model_drafts_pay()
+def drafter_share(target: str, drafter: str) -> float:
+    """A drafter's step as a share of the target's, before either is measured: their weights' bytes (a CPU step
+    reads every weight once), where fly knows both files' sizes; 0 (free) where it does not."""
+    from fly_runtime.sources import BUILTIN_MODELS
+
+    if target in BUILTIN_MODELS and drafter in BUILTIN_MODELS:
+        return BUILTIN_MODELS[drafter].size / BUILTIN_MODELS[target].size
+    return 0.0
+
+
+def drafts_can_pay(ms: dict, draft_share: float = 0.0) -> bool:
+    """Could a drafter model pay beside a target with these pass times, its steps priced at ``draft_share`` of the
+    target's, at a survival most drafters never reach (CostProfile.model_drafts_pay)? Where it cannot, none is
+    fetched."""
+    return pass_prices(ms, draft_share).model_drafts_pay()
 
 
 def forms_in_use() -> dict[str, str]:
@@ -320,7 +351,7 @@ def forms_in_use() -> dict[str, str]:
         if precision != GGUF:
             used[folder(record["model"], parts[1], precision)] = f"the target here (precision auto chose {precision})"
         draft = drafters.get(record["model"])
-        if draft in BUILTIN_MODELS and drafts_can_pay(record["ms"][precision]):
+        if draft in BUILTIN_MODELS and drafts_can_pay(record["ms"][precision], drafter_share(record["model"], draft)):
             used[folder(draft, BUILTIN_MODELS[draft].sha256[:16], "int4")] = f"the drafter of {record['model']} here"
     return used
 

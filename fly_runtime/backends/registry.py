@@ -27,17 +27,17 @@ def loading(model) -> Iterator[None]:
             "Hugging Face model (config.json, the weights, the tokenizer), or pass another model") from exc
 
 
-def _llama_cpp(model, precision: str, device: str | None, threads: int, sequences: int) -> Backend:
+def _llama_cpp(model, precision: str, device: str | None, threads: int, sequences: int, context: int) -> Backend:
     if model.gguf is None:
         raise InvalidSettingsError(f"precision 'gguf' runs a model's GGUF file with llama.cpp, and "
                                    f"{model.reference} did not come as one: pick fp32, int8, int4 or auto")
     from fly_runtime.backends.llama_cpp_backend import LlamaCppBackend
 
     with loading(model):
-        return LlamaCppBackend(model.gguf, threads=threads, sequences=sequences)
+        return LlamaCppBackend(model.gguf, context=context, threads=threads, sequences=sequences)
 
 
-def _onnx_graph(model, precision: str, device: str | None, threads: int, sequences: int) -> Backend:
+def _onnx_graph(model, precision: str, device: str | None, threads: int, sequences: int, context: int) -> Backend:
     from fly_runtime.backends.ort_backend import OrtBackend
 
     onnx_dir = model.build_onnx(precision)
@@ -45,7 +45,7 @@ def _onnx_graph(model, precision: str, device: str | None, threads: int, sequenc
         return OrtBackend(onnx_dir, threads=threads)
 
 
-def _torch(model, precision: str, device: str | None, threads: int, sequences: int) -> Backend:
+def _torch(model, precision: str, device: str | None, threads: int, sequences: int, context: int) -> Backend:
     from fly_runtime.backends.torch_backend import TorchBackend
 
     if model.exported_onnx:
@@ -55,23 +55,24 @@ def _torch(model, precision: str, device: str | None, threads: int, sequences: i
         return TorchBackend(model.weights(), device=device)
 
 
-# backend name -> factory(model, precision, device, threads, sequences)
+# backend name -> factory(model, precision, device, threads, sequences, context)
 FACTORIES: dict[str, Callable[..., Backend]] = {GGUF: _llama_cpp, "onnx": _onnx_graph, "torch": _torch}
 
 
 def open_backend(model, kind: str, precision: str, *, device: str | None = None, threads: int | None = None,
-                 sequences: int = 1) -> Backend:
+                 sequences: int = 1, context: int = 0) -> Backend:
     """``model`` on backend ``kind`` (``onnx`` runs the GGUF on llama.cpp where ``precision`` is ``gguf``), its
-    cache holding ``sequences`` sequences where the backend holds several (llama.cpp)."""
+    cache holding ``sequences`` sequences of up to ``context`` tokens (0: the model's own) where the backend
+    allocates it up front (llama.cpp)."""
     name = GGUF if kind == "onnx" and precision == GGUF else kind
     if name not in FACTORIES:
         raise InvalidSettingsError(f"backend must be one of {sorted(FACTORIES)}, got {kind!r}")
-    return FACTORIES[name](model, precision, device, threads or os.cpu_count(), sequences)
+    return FACTORIES[name](model, precision, device, threads or os.cpu_count(), sequences, context)
 
 
-def open_target(model, precision: str, threads: int | None = None, sequences: int = 1) -> Backend:
+def open_target(model, precision: str, threads: int | None = None, sequences: int = 1, context: int = 0) -> Backend:
     """The model on the CPU at ``precision``: an ONNX Runtime graph, or (``gguf``) its GGUF run by llama.cpp."""
-    return open_backend(model, "onnx", precision, threads=threads, sequences=sequences)
+    return open_backend(model, "onnx", precision, threads=threads, sequences=sequences, context=context)
 
 
 def load_tokenizer(model):

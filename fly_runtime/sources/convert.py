@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -14,9 +16,9 @@ from fly_runtime.errors import ModelIntegrityError
 from fly_runtime.sources.cache import atomic_directory
 
 
-# bump when the graphs built here change, so caches rebuild them (2: fused GQA + logits_to_keep; 3: int4 of a
-# GGUF on its own grid)
-GRAPH_VERSION = 3
+# bump a precision's version when its graphs change, so caches rebuild them (2: fused GQA + logits_to_keep; 3: int4
+# of a GGUF on its own grid; 4: int4 and int8 written from the GGUF a tensor at a time)
+GRAPH_VERSIONS = {"fp32": 3, "int8": 4, "int4": 4}
 
 
 def _say(message: str) -> None:
@@ -25,7 +27,7 @@ def _say(message: str) -> None:
 
 def graph_folder_name(model_name: str, key: str, precision: str) -> str:
     """The cache folder of a model's graph at ``precision`` (``inventory._GRAPH`` reads the name back)."""
-    return f"{model_name}-{key}-{precision}-g{GRAPH_VERSION}"
+    return f"{model_name}-{key}-{precision}-g{GRAPH_VERSIONS[precision]}"
 
 
 def onnx_model_file(onnx_dir: Path) -> Path:
@@ -110,13 +112,12 @@ GGUF = "gguf"
 TARGET_PRECISIONS = (*PRECISIONS, GGUF)
 
 
-def hf_to_onnx(hf_dir: Path, out_dir: Path, int4: bool, gguf: Path | None = None) -> Path:
+def hf_to_onnx(hf_dir: Path, out_dir: Path, int4: bool) -> Path:
     """Build an ONNX Runtime graph of a causal LM (onnxruntime-genai's model builder), fp32 or int4.
 
     Why this builder and not a generic tracer: it emits fused GroupQueryAttention (rotary embedding inside,
     no repeated KV heads, no per-step mask arithmetic) and MatMulNBits weights, faster at every context length
-    (docs/design.md). An int4 graph of a model that came as a GGUF (``gguf``) then takes the GGUF's own
-    grids instead of a second rounding (gguf_grid.py).
+    (docs/design.md). A GGUF of a family gguf_graph.py writes skips this (``gguf_graph``).
     """
     if onnx_model_file(out_dir).is_file():
         return out_dir
@@ -153,15 +154,68 @@ def hf_to_onnx(hf_dir: Path, out_dir: Path, int4: bool, gguf: Path | None = None
         shutil.rmtree(scratch / "build-cache", ignore_errors=True)
         log.unlink()
         add_logits_to_keep(scratch / "model.onnx")
-        if gguf is not None:
-            from fly_runtime.sources.gguf_grid import regrid_graph
-
-            counts = regrid_graph(scratch / "model.onnx", gguf)
-            _say(f"weights on {gguf.name}'s own grid: {counts['4-bit']} matrices at 4 bits, {counts['8-bit']} at "
-                 f"8 bits (its 6-bit ones), {counts['as built']} re-quantised")
         shutil.copy2(hf_dir / "config.json", scratch / "config.json")
     _say(f"built in {time.perf_counter() - start:.0f} s")
     return out_dir
+
+
+def gguf_buildable(gguf_file: Path) -> bool:
+    """Does gguf_graph.py write this GGUF's family? (gguf-py parses every field, the vocabulary's too, which takes
+    seconds: the parsed file is kept for the build that usually follows.)"""
+    from fly_runtime.sources.gguf_graph import Unsupported, read_layout
+
+    reader = _reader(gguf_file)
+    try:
+        read_layout(reader.fields, {t.name: t for t in reader.tensors})
+    except Unsupported:
+        return False
+    return True
+
+
+def _reader(gguf_file: Path):
+    stat = gguf_file.stat()
+    return _parsed(str(gguf_file), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _parsed(path: str, size: int, mtime: int):
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
+def gguf_graph(gguf_file: Path, out_dir: Path, precision: str, config_file: Path) -> bool:
+    """Write the ``precision`` (int4 / int8) graph of a GGUF into ``out_dir`` straight from its tensors; False,
+    with nothing kept, where its family is not one gguf_graph.py writes."""
+    from fly_runtime.sources.gguf_graph import Unsupported, build_from_gguf
+
+    if not gguf_buildable(gguf_file):
+        return False
+    _say(f"writing the {precision} ONNX graph of {gguf_file.name} from its own weights (once; seconds; cached in "
+         f"{out_dir}) ...")
+    try:
+        with atomic_directory(out_dir) as scratch:
+            counts = build_from_gguf(_reader(gguf_file), scratch, int(precision[3:]), config_file, say=_say)
+            (scratch / GRID_RECORD).write_text(json.dumps(counts))
+    except Unsupported as exc:  # a tensor the metadata did not announce: the builder's way instead
+        _say(f"{gguf_file.name} is not written directly ({exc}); building from float32 weights instead")
+        return False
+    finally:
+        _parsed.cache_clear()  # the parsed file maps the whole GGUF: what the build touched counts as resident
+    return True
+
+
+# beside a graph written from a GGUF: how many matrices kept the file's own grid, and how many were rounded
+GRID_RECORD = "gguf_grid.json"
+
+
+def on_own_grid(onnx_dir: Path) -> bool:
+    """Is every matrix of this graph on its GGUF's own grid, so that it computes the file's model as llama.cpp
+    does (both round activations to 8 bits), with nothing of its own to check?"""
+    try:
+        return json.loads((onnx_dir / GRID_RECORD).read_text())["rounded"] == 0
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 LOGITS_TO_KEEP = "logits_to_keep"

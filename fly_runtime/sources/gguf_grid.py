@@ -12,9 +12,7 @@ Here each block keeps the GGUF's own q and a, the zero point is ``round(b / a)``
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -33,6 +31,7 @@ class Grid:
     bits: int
     block: int
     residual: np.ndarray | None = None  # float32 [N, K // block]
+    own: bool = True  # the file's own grid, not a rounding of its dequantised weights
 
     def dequantize(self) -> np.ndarray:
         expand = lambda x: np.repeat(x, self.block, axis=1)  # noqa: E731
@@ -76,13 +75,72 @@ def q6k_grid(raw: np.ndarray, rows: int) -> Grid:
     return Grid(q.astype(np.uint8), a, np.full(a.shape, 32, np.uint8), bits=8, block=16)
 
 
+Q4_0, Q5_0, Q8_0 = 2, 6, 8
+_SIMPLE = {Q4_0: (18, 4, 8), Q5_0: (22, 8, 16), Q8_0: (34, 8, 128)}  # block bytes, bits stored at, zero point
+
+
+def simple_grid(raw: np.ndarray, kind: int, rows: int) -> Grid:
+    """A Q4_0 / Q5_0 / Q8_0 matrix's own grid: blocks of 32 weights ``d * (q - zero)``, exact at 4 or 8 bits."""
+    size, bits, zero = _SIMPLE[kind]
+    blk = np.ascontiguousarray(raw, dtype=np.uint8).reshape(rows, -1, size)
+    d = blk[..., 0:2].copy().view(np.float16).astype(np.float32).reshape(rows, -1)
+    if kind == Q8_0:
+        q = (blk[..., 2:34].view(np.int8).astype(np.int16) + 128).astype(np.uint8)
+    else:
+        low = blk[..., size - 16:]
+        q = np.concatenate([low & 0xF, low >> 4], axis=-1)  # weights 0-15 in low nibbles, 16-31 in high
+        if kind == Q5_0:
+            high = blk[..., 2:6].copy().view(np.uint32)  # the fifth bits, one a weight
+            q = q | (((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4)
+    return Grid(q.reshape(rows, -1).astype(np.uint8), d, np.full(d.shape, zero, np.uint8), bits=bits, block=32)
+
+
 def grid_of(tensor) -> Grid | None:
     """The grid of a gguf-py ReaderTensor, or None where its type has no exact MatMulNBits form here."""
     kind = int(tensor.tensor_type)
+    rows = int(np.prod(tensor.shape[1:]))
+    if kind in _SIMPLE:
+        return simple_grid(tensor.data, kind, rows)
     if kind not in (Q4_K, Q6_K):
         return None
-    rows = int(np.prod(tensor.shape[1:]))
     return (q4k_grid if kind == Q4_K else q6k_grid)(tensor.data, rows)
+
+
+def quantize(w: np.ndarray, bits: int, block: int = 32) -> Grid:
+    """Round a float matrix [N, K] (K a multiple of ``block``) to an asymmetric grid: per block, the span from its
+    minimum to its maximum (each taken to include zero) in 2**bits - 1 steps."""
+    n, k = w.shape
+    b = w.reshape(n, k // block, block)
+    top = 2 ** bits - 1
+    lo, hi = np.minimum(b.min(axis=2), 0), np.maximum(b.max(axis=2), 0)
+    scale = ((hi - lo) / top).astype(np.float32)
+    scale[scale == 0] = 1.0
+    zero = np.clip(np.rint(-lo / scale), 0, top)
+    q = np.clip(np.rint(b / scale[..., None]) + zero[..., None], 0, top)
+    return Grid(q.astype(np.uint8).reshape(n, k), scale, zero.astype(np.uint8), bits=bits, block=block, own=False)
+
+
+def matrix_grid(tensor, bits: int) -> Grid:
+    """What a graph of ``bits``-bit weights stores for one GGUF matrix: its own grid where MatMulNBits holds it
+    exactly (a 4-bit grid at 4 bits, the 5- to 8-bit ones at 8: Q4_K_M's Q6_K matrices are the sensitive ones),
+    otherwise the dequantised matrix rounded to ``bits`` (an int4 drafter from a Q5_0 / Q8_0 file)."""
+    grid = grid_of(tensor)
+    if grid is not None and (grid.bits <= bits or int(tensor.tensor_type) == Q6_K):
+        return grid if grid.bits == bits or grid.bits == 8 else _widened(grid)
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    kind, raw = GGMLQuantizationType(int(tensor.tensor_type)), tensor.data
+    raw = raw.reshape(int(np.prod(tensor.shape[1:])), -1)
+    # a few thousand rows at a time: a float32 copy of a whole embedding would be most of a build's memory
+    parts = [quantize(dequantize(raw[i:i + 8192], kind).astype(np.float32), bits) for i in range(0, len(raw), 8192)]
+    return Grid(*(np.concatenate([getattr(g, f) for g in parts]) for f in ("q", "scale", "zero")), bits=bits,
+                block=parts[0].block, own=False)
+
+
+def _widened(grid: Grid) -> Grid:
+    """A 4-bit grid stored at 8 bits: the same codes, scales, zero points and residual."""
+    return Grid(grid.q, grid.scale, grid.zero, 8, grid.block, grid.residual, grid.own)
 
 
 # ------------------------------------------------------------------------------------ MatMulNBits tensors
@@ -119,42 +177,17 @@ def residual_grid(residual: np.ndarray, block: int = 16) -> Grid:
                 np.full(scale.shape, 128, np.uint8), bits=8, block=block)
 
 
-# --------------------------------------------------------------------------------------- graph rewrite
-# the model builder's projection names -> the GGUF's tensor names (llama.cpp's naming for Llama-like models)
-_PROJECTIONS = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-                "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
-_LAYER = re.compile(r"layers\.(\d+)/.*?(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)/")
-
-
-def gguf_names(node_name: str, tied: bool) -> list[str] | None:
-    """The GGUF tensors a builder MatMulNBits node computes (several for a packed q/k/v or gate/up node)."""
-    if "lm_head" in node_name:
-        return ["token_embd.weight" if tied else "output.weight"]
-    if "qkv_proj" in node_name:
-        layer = re.search(r"layers\.(\d+)/", node_name)
-        return [f"blk.{layer.group(1)}.attn_{p}.weight" for p in "qkv"] if layer else None
-    match = _LAYER.search(node_name)
-    return [f"blk.{match.group(1)}.{_PROJECTIONS[match.group(2)]}.weight"] if match else None
-
-
-def read_gguf_tensors(gguf_file: Path) -> tuple[dict, bool]:
-    """The GGUF's tensors by name, and whether its LM head is tied to the embedding (no ``output.weight``)."""
-    from gguf import GGUFReader
-
-    tensors = {t.name: t for t in GGUFReader(str(gguf_file)).tensors}
-    return tensors, "output.weight" not in tensors
-
-
+# ------------------------------------------------------------------------------------- stacking grids
 def _as_8bit_16(grid: Grid) -> Grid:
     """The same weights at 8 bits in blocks of 16 (a 4-bit block of 32 is two blocks of 16 that share its
     scale, zero point and residual)."""
     if (grid.bits, grid.block) == (8, 16):
         return grid
     twice = lambda x: None if x is None else np.repeat(x, grid.block // 16, axis=1)  # noqa: E731
-    return Grid(grid.q, twice(grid.scale), twice(grid.zero), 8, 16, twice(grid.residual))
+    return Grid(grid.q, twice(grid.scale), twice(grid.zero), 8, 16, twice(grid.residual), grid.own)
 
 
-def _concat(grids: list[Grid]) -> Grid | None:
+def stack(grids: list[Grid]) -> Grid | None:
     """Grids stacked along N (a packed q/k/v node). Where their types differ (Q4_K_M keeps v at Q6_K in some
     layers) all go to 8 bits in blocks of 16, which holds both exactly: a few percent more bytes there."""
     first = grids[0]
@@ -168,89 +201,3 @@ def _concat(grids: list[Grid]) -> Grid | None:
         [r if r is not None else np.zeros_like(g.scale) for r, g in zip(residuals, grids)])
     return Grid(np.concatenate([g.q for g in grids]), np.concatenate([g.scale for g in grids]),
                 np.concatenate([g.zero for g in grids]), first.bits, first.block, residual)
-
-
-def regrid_graph(model_file: Path, gguf_file: Path) -> dict[str, int]:
-    """Rewrite a builder int4 graph's MatMulNBits weights on the GGUF's own grids (in place, weights in the
-    external data file beside the graph). Returns counts: matrices on the GGUF's grid at 4 and 8 bits, and
-    those left as built (a type with no exact MatMulNBits form, or a packed node of mixed types)."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    tensors, tied = read_gguf_tensors(gguf_file)
-    model = onnx.load(str(model_file))
-    graph = model.graph
-    initializers = {i.name: i for i in graph.initializer}
-    counts = {"4-bit": 0, "8-bit": 0, "as built": 0}
-    # (activation, K, block) -> its block sums, shared by the products that read one activation (gate and up)
-    block_sums: dict[tuple[str, int, int], str] = {}
-    added: list[tuple[int, list]] = []
-
-    def put(name: str, array: np.ndarray) -> None:
-        if name in initializers:
-            graph.initializer.remove(initializers[name])
-        initializers[name] = numpy_helper.from_array(array, name)
-        graph.initializer.append(initializers[name])
-
-    for index, node in enumerate(graph.node):
-        if node.op_type != "MatMulNBits":
-            continue
-        names = gguf_names(node.name, tied)
-        attrs = {a.name: a for a in node.attribute}
-        k, n = attrs["K"].i, attrs["N"].i
-        grid = None
-        if names and all(name in tensors for name in names):
-            grids = [grid_of(tensors[name]) for name in names]
-            grid = _concat(grids) if all(g is not None for g in grids) else None
-        if grid is None or grid.q.shape != (n, k):
-            counts["as built"] += 1
-            continue
-        counts[f"{grid.bits}-bit"] += 1
-        prefix = node.name.replace("/", "_").strip("_")
-        while len(node.input) < 4:
-            node.input.append("")
-        node.input[3] = node.input[3] or f"{prefix}.zero_points"  # a symmetric build has none
-        put(node.input[1], pack_weights(grid))
-        put(node.input[2], grid.scale.reshape(-1))
-        put(node.input[3], pack_zero_points(grid))
-        attrs["bits"].i, attrs["block_size"].i = grid.bits, grid.block
-        if grid.residual is None:
-            continue
-        # the residual: block sums of the activations times the [blocks x N] residual matrix
-        activation = node.input[0]
-        nodes = []
-        key = (activation, k, grid.block)
-        if key not in block_sums:
-            shape, sums = f"{prefix}/fly_block_shape", f"{prefix}/fly_block_sums"
-            put(shape, np.array([0, 0, k // grid.block, grid.block], np.int64))
-            put(f"{prefix}/fly_sum_axis", np.array([-1], np.int64))
-            nodes += [helper.make_node("Reshape", [activation, shape], [f"{sums}_blocks"], name=f"{prefix}/FlyBlocks"),
-                      helper.make_node("ReduceSum", [f"{sums}_blocks", f"{prefix}/fly_sum_axis"], [sums],
-                                       keepdims=0, name=f"{prefix}/FlyBlockSums")]
-            block_sums[key] = sums
-        residual = residual_grid(grid.residual)
-        for suffix, array in (("B", pack_weights(residual)), ("scales", residual.scale.reshape(-1)),
-                              ("zero_points", pack_zero_points(residual))):
-            put(f"{prefix}.residual_{suffix}", array)
-        output = node.output[0]
-        node.output[0] = f"{output}/fly_main"
-        nodes += [
-            helper.make_node("MatMulNBits", [block_sums[key], f"{prefix}.residual_B",
-                                             f"{prefix}.residual_scales", f"{prefix}.residual_zero_points"],
-                             [f"{output}/fly_residual"], name=f"{prefix}/FlyResidual", domain="com.microsoft",
-                             K=k // grid.block, N=n, bits=8, block_size=residual.block,
-                             accuracy_level=attrs["accuracy_level"].i if "accuracy_level" in attrs else 4),
-            helper.make_node("Add", [node.output[0], f"{output}/fly_residual"], [output], name=f"{prefix}/FlyAdd"),
-        ]
-        added.append((index, nodes))
-    for index, nodes in reversed(added):  # after each rewritten node, keeping the graph in topological order
-        for offset, new in enumerate(nodes, 1):
-            graph.node.insert(index + offset, new)
-    used = {name for node in graph.node for name in node.input}
-    for name in [name for name in initializers if name not in used]:
-        graph.initializer.remove(initializers.pop(name))
-    data = model_file.with_name(model_file.name + ".data")
-    data.unlink(missing_ok=True)
-    onnx.save(model, str(model_file), save_as_external_data=True, all_tensors_to_one_file=True,
-              location=data.name, size_threshold=1024)
-    return counts

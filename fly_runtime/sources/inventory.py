@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fly_runtime.sources.cache import cache_dir
-from fly_runtime.sources.convert import GRAPH_VERSION
+from fly_runtime.sources.convert import GRAPH_VERSIONS
 
 # convert.graph_folder_name read back
 _GRAPH = re.compile(r"^(?P<model>.+)-(?P<key>[0-9a-f]{16})-(?P<precision>fp32|int8|int4)-g(?P<version>\d+)$")
@@ -54,7 +54,7 @@ def inventory(in_use: dict[str, str], root: Path | None = None) -> list[Entry]:
         match = _GRAPH.match(folder.name)
         if folder.name in in_use:
             entries.append(Entry(folder, _size(folder), in_use[folder.name], True))
-        elif match is None or int(match["version"]) != GRAPH_VERSION:
+        elif match is None or int(match["version"]) != GRAPH_VERSIONS[match["precision"]]:
             entries.append(Entry(folder, _size(folder), "graph built by another version of fly: never read", False))
         else:
             entries.append(Entry(folder, _size(folder), f"{match['precision']} graph: read only where it is asked for "

@@ -11,10 +11,13 @@ from fly_runtime.errors import InvalidSettingsError, ModelNotFoundError
 from fly_runtime.sources.builtin import BUILTIN_MODELS, fetch_builtin
 from fly_runtime.sources.cache import cache_dir, file_identity, fingerprint, model_lock
 from fly_runtime.sources.convert import (
-    graph_folder_name,
     PRECISIONS,
+    gguf_buildable,
+    gguf_graph,
     gguf_to_hf,
+    graph_folder_name,
     hf_to_onnx,
+    on_own_grid,
     onnx_model_file,
     quantize_onnx,
 )
@@ -44,24 +47,36 @@ class ResolvedModel:
             return gguf_to_hf(self.gguf, self.hf_dir)
 
     def build_onnx(self, precision: str) -> Path:
-        """Build this model's ONNX graph at ``precision`` (one of PRECISIONS) and return its folder: a minute or
-        more the first time, then read from the cache (keyed by source and weights). int8 is quantised from the
-        fp32 graph; int4 of a GGUF model takes the GGUF's own 4- and 6-bit grids (gguf_grid.py)."""
+        """Build this model's ONNX graph at ``precision`` (one of PRECISIONS) and return its folder, then read it
+        from the cache (keyed by source and weights). int4 and int8 of a GGUF model are written from the GGUF's own
+        grids a tensor at a time (gguf_graph.py: seconds, memory about the largest tensor); other families, and
+        fp32, take the model builder's way from float32 weights (a minute or more, several times the model in
+        memory), int8 then quantised from fp32."""
         if self.exported_onnx:
             return self.hf_dir
         if precision not in PRECISIONS:
             raise InvalidSettingsError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         folder = self.graph_folder(precision)
+        with model_lock(folder.name):
+            if onnx_model_file(folder).is_file():  # built before: the weights are not needed
+                return folder
+            if precision != "fp32" and self.gguf is not None and gguf_graph(self.gguf, folder, precision,
+                                                                            self.hf_dir / "config.json"):
+                return folder
         if precision == "int8":
             source = self.build_onnx("fp32")
             with model_lock(folder.name):
                 return quantize_onnx(source, folder, bits=8)
         with model_lock(folder.name):
-            if onnx_model_file(folder).is_file():  # built before: the weights are not needed
-                return folder
-            return hf_to_onnx(self.weights(), folder, int4=precision == "int4",
-                              gguf=self.gguf if precision == "int4" else None)
+            return hf_to_onnx(self.weights(), folder, int4=precision == "int4")
 
+    def on_own_grid(self, precision: str) -> bool:
+        """Is this model's graph at ``precision`` written from its GGUF with every matrix on the file's own grid?"""
+        return self.has_graph(precision) and not self.exported_onnx and on_own_grid(self.graph_folder(precision))
+
+    def builds_from_gguf(self) -> bool:
+        """Are this model's int4 and int8 graphs written straight from its GGUF (seconds, no float32 copy)?"""
+        return self.gguf is not None and gguf_buildable(self.gguf)
 
     def graph_folder(self, precision: str) -> Path:
         """Where this model's graph at ``precision`` is (or would be) cached."""

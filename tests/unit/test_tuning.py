@@ -7,7 +7,15 @@ from types import SimpleNamespace
 import pytest
 
 from fly_runtime import tuning
-from fly_runtime.tuning import AGREEMENT_FLOOR, describe, drafts_can_pay, machine_candidates, machine_id, pick
+from fly_runtime.tuning import (
+    AGREEMENT_FLOOR,
+    describe,
+    drafter_share,
+    drafts_can_pay,
+    machine_candidates,
+    machine_id,
+    pick,
+)
 
 # measured on a 2-core AVX2 EPYC (2026-12-02): the GGUF-grid int4 graph agrees with the fp32 weights on 99.3%
 # of teacher-forced tokens, a builder re-quantisation of it on 89.9%
@@ -54,20 +62,27 @@ def test_int8_is_a_candidate_only_where_the_cpu_multiplies_int8():
 
 
 @pytest.mark.parametrize("llama_cpp", [True, False])
-def test_a_gguf_model_is_timed_as_it_is_and_as_the_graphs_already_built(monkeypatch, llama_cpp):
-    """Building a graph converts the model to float32 first (gigabytes): never done only to time it."""
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_gguf_model_is_timed_as_it_is_its_written_int4_and_the_graphs_already_built(monkeypatch, llama_cpp, direct):
+    """An int4 graph written from the GGUF (seconds) is timed beside it; one that would need a float32 copy of the
+    model first (gigabytes) is built only where asked for."""
     monkeypatch.setattr("fly_runtime.backends.llama_cpp_backend.available", lambda: llama_cpp)
     built: set[str] = set()
-    model = SimpleNamespace(gguf="model.gguf", has_graph=lambda p: p in built)
-    assert machine_candidates(model) == (("gguf",) if llama_cpp else ("int4",))
+    model = SimpleNamespace(gguf="model.gguf", has_graph=lambda p: p in built, builds_from_gguf=lambda: direct)
+    graphs = ("int4",) if direct else ()
+    assert machine_candidates(model) == (("gguf", *graphs) if llama_cpp else ("int4",))
     built.add("int8")
-    assert machine_candidates(model) == (("gguf", "int8") if llama_cpp else ("int8",))
+    assert machine_candidates(model) == (("gguf", *graphs, "int8") if llama_cpp else (*graphs, "int8"))
 
 
 def test_a_drafter_is_fetched_only_where_model_drafts_could_pay():
     # one-token step / nine-token pass, ms, 2026-12-03 (AVX-512 EPYC): llama.cpp, the int4 graph
     assert not drafts_can_pay({"1": 45, "9": 360})  # a verified row costs about a step
     assert drafts_can_pay({"1": 65, "9": 195})  # a row costs a fifth of one
+    # ... but not for a drafter whose steps cost 0.44 of the target's (the built-in pair's file sizes)
+    share = drafter_share("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+    assert 0.4 < share < 0.5 and not drafts_can_pay({"1": 65, "9": 195}, share)
+    assert drafter_share("my-model", "qwen2.5-coder-0.5b-instruct") == 0.0  # unknown sizes: priced free
     assert drafts_can_pay(MEASURED["fp32"])
 
 
@@ -77,7 +92,7 @@ def test_a_record_of_other_candidates_is_timed_again(monkeypatch, tmp_path):
     model = SimpleNamespace(key="k" * 16, name="m", gguf="model.gguf")
     tuning._record(f"{machine_id()}|{model.key}", {"model": "m", "precision": "int4", "ms": {}, "candidates": ["int4"]})
     assert tuning.choose_precision(model, candidates=("int4",)) == "int4"  # as recorded, nothing opened
-    monkeypatch.setattr("fly_runtime.backends.registry.open_target", lambda m, p: pytest.fail(f"opened {p}") if p != "gguf"
+    monkeypatch.setattr("fly_runtime.backends.registry.open_target", lambda m, p, **kw: pytest.fail(f"opened {p}") if p != "gguf"
                         else SimpleNamespace())
     monkeypatch.setattr(tuning, "measure", lambda backend, **kw: {"1": 30.0, "9": 250.0, "row_delta": 0.0})
     assert tuning.choose_precision(model, candidates=("gguf",)) == "gguf"
@@ -107,7 +122,7 @@ def test_backends_are_opened_by_name_with_the_sequences_asked_for(monkeypatch):
     monkeypatch.setitem(registry.FACTORIES, "gguf", lambda *args: opened.append(args) or "llama.cpp")
     monkeypatch.setitem(registry.FACTORIES, "onnx", lambda *args: opened.append(args) or "graph")
     assert registry.open_backend("m", "onnx", "gguf", sequences=16) == "llama.cpp"
-    assert registry.open_target("m", "int4") == "graph"
-    assert opened == [("m", "gguf", None, os.cpu_count(), 16), ("m", "int4", None, os.cpu_count(), 1)]
+    assert registry.open_target("m", "int4", context=2048) == "graph"
+    assert opened == [("m", "gguf", None, os.cpu_count(), 16, 0), ("m", "int4", None, os.cpu_count(), 1, 2048)]
     with pytest.raises(TypeError):  # device, threads and sequences are named, never taken by position
         registry.open_backend("m", "onnx", "gguf", None, 16)
