@@ -198,7 +198,7 @@ def _fetch_drafter(target, precision: str, draft: str, keep_weights: bool) -> st
     from fly_runtime.tuning import drafter_share, pass_costs, pass_prices
 
     prices = pass_prices(pass_costs(lambda: open_target(target, precision), target, precision),
-                         drafter_share(target.name, draft))
+                         drafter_share(target.name, draft, precision))
     if not prices.model_drafts_pay():
         return (f"{draft}: not fetched: beside the {precision} target here a drafted token costs "
                 f"{prices.row / prices.step:.2f} of a step to verify and about {prices.draft / prices.step:.2f} to "

@@ -172,7 +172,7 @@ def _drafts_can_pay(kind: str, backend: Backend, model: ResolvedModel, precision
         return True  # a GPU verifies a row for almost nothing
     from fly_runtime.tuning import drafter_share, drafts_can_pay, pass_costs
 
-    return drafts_can_pay(pass_costs(lambda: backend, model, precision), drafter_share(model.name, drafter))
+    return drafts_can_pay(pass_costs(lambda: backend, model, precision), drafter_share(model.name, drafter, precision))
 
 
 def auto_drafter(target: str, tokenizer) -> str | None:

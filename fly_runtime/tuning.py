@@ -318,13 +318,19 @@ def pass_prices(ms: dict, draft_share: float = 0.0):
     return CostProfile(step=step, row=max(0.0, ms["9"] / 1000 - step) / 8, draft=draft_share * step)
 
 
-def drafter_share(target: str, drafter: str) -> float:
-    """A drafter's step as a share of the target's, before either is measured: their weights' bytes (a CPU step
-    reads every weight once), where fly knows both files' sizes; 0 (free) where it does not."""
+# bytes a weight of each form of the target reads, over its Q4_K_M GGUF's (about 4.85 bits a weight); the drafter
+# runs as an int4 graph, about its GGUF's size
+_FORM_BYTES = {GGUF: 1.0, "int4": 1.0, "int8": 9 / 4.85, "fp32": 32 / 4.85}
+
+
+def drafter_share(target: str, drafter: str, precision: str = GGUF) -> float:
+    """A drafter's step as a share of the target's at ``precision``, before either is measured: the bytes of
+    weights each step reads (a CPU step reads every weight once), where fly knows both files' sizes; 0 (free)
+    where it does not."""
     from fly_runtime.sources import BUILTIN_MODELS
 
     if target in BUILTIN_MODELS and drafter in BUILTIN_MODELS:
-        return BUILTIN_MODELS[drafter].size / BUILTIN_MODELS[target].size
+        return BUILTIN_MODELS[drafter].size / (BUILTIN_MODELS[target].size * _FORM_BYTES.get(precision, 1.0))
     return 0.0
 
 
@@ -351,7 +357,8 @@ def forms_in_use() -> dict[str, str]:
         if precision != GGUF:
             used[folder(record["model"], parts[1], precision)] = f"the target here (precision auto chose {precision})"
         draft = drafters.get(record["model"])
-        if draft in BUILTIN_MODELS and drafts_can_pay(record["ms"][precision], drafter_share(record["model"], draft)):
+        share = drafter_share(record["model"], draft, precision)
+        if draft in BUILTIN_MODELS and drafts_can_pay(record["ms"][precision], share):
             used[folder(draft, BUILTIN_MODELS[draft].sha256[:16], "int4")] = f"the drafter of {record['model']} here"
     return used
 

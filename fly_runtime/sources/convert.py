@@ -159,17 +159,27 @@ def hf_to_onnx(hf_dir: Path, out_dir: Path, int4: bool) -> Path:
     return out_dir
 
 
-def gguf_buildable(gguf_file: Path) -> bool:
-    """Does gguf_graph.py write this GGUF's family? (gguf-py parses every field, the vocabulary's too, which takes
-    seconds: the parsed file is kept for the build that usually follows.)"""
+def gguf_buildable(gguf_file: Path, record_dir: Path | None = None) -> bool:
+    """Does gguf_graph.py write this GGUF's family? gguf-py parses every field to say, the vocabulary's too (about
+    ten seconds for a Qwen2.5 file), so the answer is kept in ``record_dir`` (the GGUF's tokenizer folder, keyed by
+    the file's identity) and the parsed file for the build that usually follows."""
     from fly_runtime.sources.gguf_graph import Unsupported, read_layout
 
+    record = record_dir / LAYOUT_RECORD if record_dir is not None else None
+    if record is not None and record.is_file():
+        return json.loads(record.read_text())["writes"]
     reader = _reader(gguf_file)
     try:
-        read_layout(reader.fields, {t.name: t for t in reader.tensors})
-    except Unsupported:
-        return False
-    return True
+        layout, why = read_layout(reader.fields, {t.name: t for t in reader.tensors}).__dict__, None
+    except Unsupported as exc:
+        layout, why = None, str(exc)
+    if record is not None:
+        record.write_text(json.dumps({"writes": why is None, "layout": layout, "unsupported": why}))
+    return why is None
+
+
+# in a GGUF's tokenizer folder: whether gguf_graph.py writes its graphs, and its layout (or why not)
+LAYOUT_RECORD = "gguf_layout.json"
 
 
 def _reader(gguf_file: Path):
@@ -189,7 +199,7 @@ def gguf_graph(gguf_file: Path, out_dir: Path, precision: str, config_file: Path
     with nothing kept, where its family is not one gguf_graph.py writes."""
     from fly_runtime.sources.gguf_graph import Unsupported, build_from_gguf
 
-    if not gguf_buildable(gguf_file):
+    if not gguf_buildable(gguf_file, config_file.parent):
         return False
     _say(f"writing the {precision} ONNX graph of {gguf_file.name} from its own weights (once; seconds; cached in "
          f"{out_dir}) ...")

@@ -64,7 +64,7 @@ def read_layout(fields: dict, tensors: dict) -> Layout:
     head_dim = int(get("attention.key_length", hidden // heads))
     if int(get("rope.dimension_count", head_dim)) != head_dim or get("rope.scaling.type", "none") != "none":
         raise Unsupported("partial or scaled rotary embeddings")
-    if any(name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) for name in tensors) or "rope_freqs.weight" in tensors:
+    if "rope_freqs.weight" in tensors or any(n.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) for n in tensors):
         raise Unsupported("per-head norms or rotary frequency factors")
     return Layout(arch, int(get("block_count")), hidden, heads, int(get("attention.head_count_kv", heads)), head_dim,
                   int(get("context_length")), float(get("rope.freq_base", 10000.0)),
@@ -87,7 +87,7 @@ class _Weights:
             return name
         offset = -(-self._file.tell() // _ALIGN) * _ALIGN
         self._file.seek(offset)
-        self._file.write(array.tobytes())
+        array.tofile(self._file)  # no copy of a large matrix
         tensor = TensorProto(name=name, dims=array.shape, data_type=helper.np_dtype_to_tensor_dtype(array.dtype),
                              data_location=TensorProto.EXTERNAL)
         for key, value in (("location", DATA_FILE), ("offset", str(offset)), ("length", str(array.nbytes))):
@@ -149,15 +149,17 @@ class _Graph:
         """Rows of the embedding, dequantised as they are gathered (the table stays at its grid's bits)."""
         w = self.weights
         vocab, hidden = grid.q.shape
-        inputs = [ids, w.put("embed.scales", grid.scale), w.put("embed.zero_points", pack_zero_points(grid).reshape(vocab, -1))]
-        data = w.put("embed.data", pack_weights(grid).reshape(vocab, -1))
-        (rows,) = self.op("GatherBlockQuantized", [data, *inputs], "/model/embed_tokens/GatherBlockQuantized",
-                          domain="com.microsoft", bits=grid.bits, block_size=grid.block, gather_axis=0, quantize_axis=1)
+        inputs = [w.put("embed.data", pack_weights(grid).reshape(vocab, -1)), ids, w.put("embed.scales", grid.scale),
+                  w.put("embed.zero_points", pack_zero_points(grid).reshape(vocab, -1))]
+        (rows,) = self.op("GatherBlockQuantized", inputs, "/model/embed_tokens/GatherBlockQuantized",
+                          domain="com.microsoft", bits=grid.bits, block_size=grid.block, gather_axis=0,
+                          quantize_axis=1)
         if grid.residual is None:
             return rows
         (extra,) = self.op("Gather", [w.put("embed.residual", grid.residual), ids], "/model/embed_tokens/Residual")
         blocks = w.put("embed.blocks", np.array([0, 0, hidden // grid.block, grid.block], np.int64))
-        last, flat = w.put("embed.last", np.array([-1], np.int64)), w.put("embed.flat", np.array([0, 0, hidden], np.int64))
+        last = w.put("embed.last", np.array([-1], np.int64))
+        flat = w.put("embed.flat", np.array([0, 0, hidden], np.int64))
         (shaped,) = self.op("Reshape", [rows, blocks], "/model/embed_tokens/Blocks")
         (column,) = self.op("Unsqueeze", [extra, last], "/model/embed_tokens/ResidualColumn")
         (added,) = self.op("Add", [shaped, column], "/model/embed_tokens/AddResidual")
@@ -225,7 +227,8 @@ def _decoder(graph: _Graph, layout: Layout, tensors: dict, grid, say) -> None:
             residual = hidden
         else:
             x, _, _, residual = graph.op("SkipSimplifiedLayerNormalization", [residual, hidden, norm],
-                                         f"{prefix}/input_layernorm", outputs=4, epsilon=layout.eps, domain="com.microsoft")
+                                         f"{prefix}/input_layernorm", outputs=4, epsilon=layout.eps,
+                                         domain="com.microsoft")
         qkv = graph.matmul(x, grid(blk("attn_q.weight"), blk("attn_k.weight"), blk("attn_v.weight")),
                            f"{prefix}/attn/qkv_proj")
         biases = [tensors.get(blk(f"attn_{p}.bias")) for p in "qkv"]
@@ -242,7 +245,8 @@ def _decoder(graph: _Graph, layout: Layout, tensors: dict, grid, say) -> None:
         out = graph.matmul(attn, grid(blk("attn_output.weight")), f"{prefix}/attn/o_proj")
         norm = w.put(f"{prefix}.ffn_norm", np.asarray(tensors[blk("ffn_norm.weight")].data, np.float32))
         x, _, _, residual = graph.op("SkipSimplifiedLayerNormalization", [residual, out, norm],
-                                     f"{prefix}/post_attention_layernorm", outputs=4, epsilon=layout.eps, domain="com.microsoft")
+                                     f"{prefix}/post_attention_layernorm", outputs=4, epsilon=layout.eps,
+                                     domain="com.microsoft")
         gate = graph.matmul(x, grid(blk("ffn_gate.weight")), f"{prefix}/mlp/gate_proj")
         up = graph.matmul(x, grid(blk("ffn_up.weight")), f"{prefix}/mlp/up_proj")
         (sig,) = graph.op("Sigmoid", [gate], f"{prefix}/mlp/act_fn/Sigmoid")

@@ -1,13 +1,14 @@
-"""The int4 target graph on the GGUF's own grid, so that int4 is the model the user downloaded.
+"""A GGUF matrix's own grid as ONNX Runtime's MatMulNBits holds it, so that a graph is the model the user
+downloaded, not a second rounding of it (gguf_graph.py writes the graphs).
 
 A Q4_K_M GGUF stores most matrices as Q4_K: rows in blocks of 32 columns whose weights are ``a * q - b`` (q in
-0..15, one scale ``a`` and one minimum ``b`` per block). ONNX Runtime's MatMulNBits computes ``s * (q - z)``
-with an integer zero point z, and its fast CPU kernels take only integer zero points, so quantising the
-dequantised weights again rounds ``b / a`` to an integer: a second rounding, well off the GGUF's weights.
-Here each block keeps the GGUF's own q and a, the zero point is ``round(b / a)``, and the residual
-``a * z - b`` of each block is added back by a small product: the block sums of the activations times a
-[blocks x N] matrix (8-bit, in blocks of 16), about a fifth of the main product's bytes. Q6_K matrices
-(``a * (q - 32)``, blocks of 16) fit MatMulNBits' 8-bit blocks exactly. Figures: docs/benchmarks.md.
+0..15, one scale ``a`` and one minimum ``b`` per block). MatMulNBits computes ``s * (q - z)`` with an integer zero
+point z, and its fast CPU kernels take only integer zero points, so quantising the dequantised weights again
+rounds ``b / a`` to an integer: well off the GGUF's weights. Here each block keeps the GGUF's own q and a, the
+zero point is ``round(b / a)``, and the residual ``a * z - b`` of each block is added back by a small product:
+the block sums of the activations times a [blocks x N] matrix (8-bit, in blocks of 16), about a fifth of the main
+product's bytes. Q6_K (``a * (q - 32)``, blocks of 16), Q8_0 and Q5_0 fit MatMulNBits' 8-bit blocks exactly,
+Q4_0 its 4-bit ones; other types are dequantised and rounded. Figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations

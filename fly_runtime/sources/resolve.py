@@ -76,7 +76,7 @@ class ResolvedModel:
 
     def builds_from_gguf(self) -> bool:
         """Are this model's int4 and int8 graphs written straight from its GGUF (seconds, no float32 copy)?"""
-        return self.gguf is not None and gguf_buildable(self.gguf)
+        return self.gguf is not None and gguf_buildable(self.gguf, self.hf_dir)
 
     def graph_folder(self, precision: str) -> Path:
         """Where this model's graph at ``precision`` is (or would be) cached."""

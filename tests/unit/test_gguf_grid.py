@@ -191,7 +191,9 @@ def test_a_family_not_written_here_is_refused_before_anything_is_written(tmp_pat
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    assert not gguf_buildable(tmp_path / "m.gguf")
+    assert not gguf_buildable(tmp_path / "m.gguf", tmp_path)
+    import json  # the answer is kept beside the tokenizer: the file is not parsed again for it
+    assert json.loads((tmp_path / "gguf_layout.json").read_text())["unsupported"] == "architecture 'gemma2'"
     assert not gguf_graph(tmp_path / "m.gguf", tmp_path / "g", "int4", tmp_path / "config.json")
     assert not (tmp_path / "g").exists()
     with pytest.raises(Unsupported, match="gemma2"):

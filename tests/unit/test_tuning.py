@@ -83,6 +83,9 @@ def test_a_drafter_is_fetched_only_where_model_drafts_could_pay():
     share = drafter_share("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
     assert 0.4 < share < 0.5 and not drafts_can_pay({"1": 65, "9": 195}, share)
     assert drafter_share("my-model", "qwen2.5-coder-0.5b-instruct") == 0.0  # unknown sizes: priced free
+    # beside the target at fp32 (6.6 times the bytes a step) the same drafter pays: MEASURED's fp32 passes
+    fp32 = drafter_share("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct", "fp32")
+    assert fp32 < 0.1 and drafts_can_pay(MEASURED["fp32"], fp32)
     assert drafts_can_pay(MEASURED["fp32"])
 
 
