@@ -264,7 +264,7 @@ def _drop_weights(model) -> None:
     freed = drop_weights(model.hf_dir)
     if freed:
         print(f"fly: dropped {model.name}'s float32 weights ({freed / 1e9:.1f} GB; the GGUF holds them, and they are "
-              "converted again if the torch backend or a new graph needs them; --keep-weights keeps them)",
+              "converted again if the torch backend or an fp32 graph needs them; --keep-weights keeps them)",
               file=sys.stderr)
 
 

@@ -269,17 +269,32 @@ WEATHER_TOOL = {"type": "function", "function": {
         "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}
 
 
+SEARCH_TOOL = {"type": "function", "function": {
+    "name": "web_search", "description": "Search the web and return the top results.",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string", "description": "the search query"}},
+                   "required": ["query"]}}}
+
+
 def test_fly_verifies_a_tool_call_exactly_inside_exact_spans(engine):
-    messages = [{"role": "system", "content": "You are a precise assistant. Use the tools."},
-                {"role": "user", "content": "What's the weather like in Reykjavik today, in fahrenheit?"}]
-    ids = engine.tokenizer.apply_chat_template(messages, tools=[WEATHER_TOOL], add_generation_prompt=True)
     # FLy loosened as far as it goes (any mismatch followed by one native match is forgiven), so that it
-    # rewrites this call if nothing stops it
+    # rewrites a call if nothing stops it; the guard is judged on the first question whose call it rewrites (the
+    # drafter writes some calls exactly as the target does, and then there is nothing to guard)
     loose = dict(mode="fly", window=1, entropy_threshold=0.0, min_prob_ratio=0.0, max_new_tokens=96)
-    ar = engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=96))
-    assert ar.text.startswith("<tool_call>") and '"Reykjavik"' in ar.text
-    unguarded = engine.generate(ids, GenerationConfig(**loose))
-    assert unguarded.stats.fly_forgiven > 0 and unguarded.token_ids != ar.token_ids
+    questions = [([WEATHER_TOOL], "What's the weather like in Reykjavik today, in fahrenheit?"),
+                 ([SEARCH_TOOL], "Find me recent work on protein structure prediction that uses diffusion models, "
+                                 "preferably with open code."),
+                 ([SEARCH_TOOL], "Look up how people keep sourdough starters alive while travelling.")]
+    for tools, question in questions:
+        messages = [{"role": "system", "content": "You are a precise assistant. Use the tools."},
+                    {"role": "user", "content": question}]
+        ids = engine.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+        ar = engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=96))
+        assert ar.text.startswith("<tool_call>") and tools[0]["function"]["name"] in ar.text
+        unguarded = engine.generate(ids, GenerationConfig(**loose))
+        if unguarded.stats.fly_forgiven > 0 and unguarded.token_ids != ar.token_ids:
+            break
+    else:
+        pytest.fail("unguarded FLy rewrote none of the calls: nothing here shows the guard at work")
     guarded = engine.generate(ids, GenerationConfig(**loose, exact_spans=[("<tool_call>", "</tool_call>")]))
     assert guarded.token_ids == ar.token_ids and guarded.stats.fly_forgiven == 0
 
