@@ -102,6 +102,37 @@ def test_a_record_of_other_candidates_is_timed_again(monkeypatch, tmp_path):
     assert tuning.recorded_precision(model.key)["candidates"] == ["gguf"]
 
 
+@pytest.mark.parametrize("graph_wins", [True, False])
+def test_a_graph_written_only_to_be_timed_stays_only_if_chosen(monkeypatch, tmp_path, graph_wins):
+    """The int4 graph written from the GGUF for the comparison is timed one form at a time, not checked against a
+    reference (it is on the file's own grid), and deleted where the GGUF wins; the record keeps both timings, so
+    the choice is not made again."""
+    monkeypatch.setenv("FLY_CACHE_DIR", str(tmp_path))
+    folder = tmp_path / "onnx" / "m-int4"
+    model = SimpleNamespace(key="k" * 16, name="m", gguf="model.gguf", graph_folder=lambda p: folder,
+                            has_graph=lambda p: (folder / "model.onnx").is_file(), on_own_grid=lambda p: True,
+                            build_onnx=lambda p: (folder.mkdir(parents=True), (folder / "model.onnx").write_text("g")))
+    open_now: list[str] = []
+
+    def open_target(m, p, **kw):
+        assert not open_now, "two forms open at once"
+        open_now.append(p)
+        return SimpleNamespace(form=p, close=open_now.clear)
+
+    monkeypatch.setattr("fly_runtime.backends.registry.open_target", open_target)
+    monkeypatch.setattr(tuning, "reference", lambda *a: pytest.fail("a graph on its own grid was checked"))
+    fast, slow = {"1": 40.0, "9": 120.0, "64": 600.0}, {"1": 45.0, "9": 400.0, "64": 1600.0}
+    monkeypatch.setattr(tuning, "measure", lambda backend, **kw: dict(
+        (fast if (backend.form == "int4") == graph_wins else slow), row_delta=0.0))
+    choice = tuning.choose_precision(model, tokenizer=object(), candidates=("gguf", "int4"))
+    assert choice == ("int4" if graph_wins else "gguf")
+    assert model.has_graph("int4") == graph_wins
+    record = tuning.recorded_precision(model.key)
+    assert sorted(record["ms"]) == ["gguf", "int4"] and record["candidates"] == ["gguf", "int4"]
+    monkeypatch.setattr("fly_runtime.backends.registry.open_target", lambda m, p, **kw: pytest.fail(f"opened {p}"))
+    assert tuning.choose_precision(model, candidates=("gguf", "int4")) == choice  # kept: nothing opened again
+
+
 def test_machine_id_names_the_cpu_and_its_vector_units():
     ident = machine_id()
     assert ident.endswith(f"x{__import__('os').cpu_count()}") and "[" in ident
