@@ -103,10 +103,9 @@ class _Weights:
 class _Graph:
     """Nodes in topological order, named as the model builder names them."""
 
-    def __init__(self, weights: _Weights, bits: int) -> None:
+    def __init__(self, weights: _Weights) -> None:
         self.nodes: list = []
         self.weights = weights
-        self.bits = bits
         self._block_sums: dict[tuple[str, int], str] = {}
 
     def op(self, kind: str, inputs: list[str], name: str, outputs: int | list[str] = 1, domain: str | None = None,
@@ -178,13 +177,16 @@ def build_from_gguf(gguf, out_dir: Path, bits: int, config_file: Path, say=None)
     layout = read_layout(reader.fields, tensors)
     start = time.perf_counter()
     weights = _Weights(out_dir / DATA_FILE)
-    graph = _Graph(weights, bits)
+    graph = _Graph(weights)
     counts = {"own grid": 0, "rounded": 0}
 
     def grid(*names: str) -> Grid:
+        """The matrices ``names`` at ``bits``, stacked along N, each counted as kept on its grid or rounded."""
         grids = [matrix_grid(tensors[n], bits) for n in names]
         counts["own grid"] += sum(g.own for g in grids)
         counts["rounded"] += sum(not g.own for g in grids)
+        if len(grids) == 1:
+            return grids[0]
         stacked = stack(grids)
         if stacked is None:
             raise Unsupported(f"{names} do not share a width")
@@ -215,7 +217,7 @@ def _decoder(graph: _Graph, layout: Layout, tensors: dict, grid, say) -> None:
     angles = np.outer(np.arange(layout.context, dtype=np.float64), inv_freq)
     cos, sin = w.put("cos_cache", np.cos(angles).astype(np.float32)), w.put("sin_cache", np.sin(angles).astype(np.float32))
 
-    hidden = graph.embedding("input_ids", matrix_grid(tensors["token_embd.weight"], graph.bits))
+    hidden = graph.embedding("input_ids", grid("token_embd.weight"))
     residual = None
     for i in range(layout.layers):
         blk = lambda name: f"blk.{i}.{name}"  # noqa: E731

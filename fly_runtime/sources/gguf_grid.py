@@ -125,9 +125,11 @@ def matrix_grid(tensor, bits: int) -> Grid:
     """What a graph of ``bits``-bit weights stores for one GGUF matrix: its own grid where MatMulNBits holds it
     exactly (a 4-bit grid at 4 bits, the 5- to 8-bit ones at 8: Q4_K_M's Q6_K matrices are the sensitive ones),
     otherwise the dequantised matrix rounded to ``bits`` (an int4 drafter from a Q5_0 / Q8_0 file)."""
-    grid = grid_of(tensor)
-    if grid is not None and (grid.bits <= bits or int(tensor.tensor_type) == Q6_K):
-        return grid if grid.bits == bits or grid.bits == 8 else _widened(grid)
+    kind = int(tensor.tensor_type)
+    own_bits = 8 if kind in (Q6_K, Q5_0, Q8_0) else 4 if kind in (Q4_K, Q4_0) else None
+    if own_bits is not None and (own_bits <= bits or kind == Q6_K):  # decoded only where it is kept
+        grid = grid_of(tensor)
+        return _widened(grid) if grid.bits < bits else grid
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
