@@ -7,9 +7,22 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tools import tool
+from pydantic import PrivateAttr
+
+from fly_integrations.langchain import FlyChatModel
+from fly_integrations.params import adapter_name
+from fly_runtime import FlyEngine, GenerationConfig, ModelSettings
+from fly_runtime.bench.runner import LLAMA_CPP, ModeSpec
+from fly_runtime.bench.suites import Task
+from fly_runtime.config import REQUEST_SETTINGS
+from fly_runtime.engine import GenerationResult, GenerationStats, GenerationStream
+from fly_runtime.errors import FlyError
+from fly_runtime.loader import get_engine
+from fly_runtime.text import StopTextStream
 
 TEMPERATURES_C = {"oslo": 4.0, "cairo": 31.0, "lima": 18.5, "tokyo": 12.0, "denver": -3.0}
 PRICES = {"kettle": 40.0, "lamp": 25.0, "chair": 120.0, "backpack": 64.0}
@@ -90,8 +103,9 @@ def _numbers(text: str) -> set[str]:
     return found
 
 
-def run_task(llm, task: AgentTask, recursion_limit: int = 12) -> dict:
-    """One task through ``create_agent(llm, TOOLS)``: finished, right, tool calls, seconds, the final reply."""
+def run_task(llm, task: AgentTask, recursion_limit: int = 12, callbacks: list | None = None) -> dict:
+    """One task through ``create_agent(llm, TOOLS)``: finished, right, tool calls, seconds, the final reply
+    (``callbacks``: LangChain callback handlers for the run, which reach every model call)."""
     from langchain.agents import create_agent
     from langgraph.errors import GraphRecursionError
 
@@ -99,7 +113,7 @@ def run_task(llm, task: AgentTask, recursion_limit: int = 12) -> dict:
     start = time.perf_counter()
     try:
         state = agent.invoke({"messages": [{"role": "user", "content": task.question}]},
-                             {"recursion_limit": recursion_limit})
+                             {"recursion_limit": recursion_limit, "callbacks": callbacks or []})
     except GraphRecursionError:
         return {"finished": False, "right": False, "tool_calls": None, "seconds": time.perf_counter() - start,
                 "reply": None}
@@ -135,3 +149,127 @@ def run_llama_index_task(llm, task: AgentTask, kind: str = "function", max_itera
                 "reply": None}
     return {"finished": True, "right": task.answer in _numbers(reply), "tool_calls": calls,
             "seconds": time.perf_counter() - start, "reply": reply}
+
+
+# ------------------------------------------------------------------------- `fly bench --suite agent`
+class _TurnStats(BaseCallbackHandler):
+    """Sums what each model call of an agent run reports: tokens written and read, cached prompt tokens, target
+    passes (where the model reports them)."""
+
+    def __init__(self) -> None:
+        self.calls, self.new_tokens, self.prompt_tokens, self.cached_tokens, self.forwards = 0, 0, 0, 0, 0
+
+    def on_llm_end(self, response, **kwargs) -> None:
+        message = response.generations[0][0].message
+        usage, meta = message.usage_metadata or {}, message.response_metadata or {}
+        self.calls += 1
+        self.new_tokens += usage.get("output_tokens", 0)
+        self.prompt_tokens += usage.get("input_tokens", 0)
+        self.cached_tokens += meta.get("cached_tokens") or 0
+        self.forwards += meta.get("target_forwards") or 0
+
+
+class _LlamaCppEngine:
+    """llama-cpp-python decoding, greedily, the prompt FlyChatModel renders, behind the engine's ``stream``: the
+    peer an agent's user would run on the same GGUF. It keeps llama-cpp-python's own prefix reuse (each call reads
+    only past what it shares with the previous one), as an agent resending its history gets from it."""
+
+    def __init__(self, llm, tokenizer, eos: set[int]) -> None:
+        self.llm, self.tokenizer, self.eos_token_ids = llm, tokenizer, frozenset(eos)
+
+    def stream(self, prompt_ids: list[int], config: GenerationConfig) -> GenerationStream:
+        if config.json_schema is not None or config.grammar is not None:
+            raise FlyError("the llama-cpp peer of the agent suite decodes without grammars (tool_choice='auto')")
+        return GenerationStream(lambda stream: self._run(stream, list(prompt_ids), config))
+
+    def _run(self, stream: GenerationStream, ids: list[int], config: GenerationConfig):
+        held = self.llm.n_tokens
+        cached = next((i for i, (a, b) in enumerate(zip(self.llm.input_ids[:held].tolist(), ids)) if a != b),
+                      min(held, len(ids)))
+        text, new, finish = StopTextStream(self.tokenizer, config.stop), 0, "length"
+        start = time.perf_counter()
+        for token in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, reset=True):
+            if token in self.eos_token_ids:
+                finish = "stop"
+                break
+            new += 1
+            if piece := text.push([token]):
+                yield piece
+            if text.stopped:
+                finish = "stop"
+                break
+            if new >= config.max_new_tokens:
+                break
+        if tail := text.finish():
+            yield tail
+        stats = GenerationStats(prompt_tokens=len(ids), cached_tokens=min(cached, len(ids) - 1),
+                                new_tokens=len(text.token_ids), target_forwards=new + 1, plain_steps=new,
+                                seconds=time.perf_counter() - start)
+        stream.result = GenerationResult(text.released, list(text.token_ids), finish, stats)
+
+
+class LlamaCppChatModel(FlyChatModel):
+    """FlyChatModel's prompts, tool parsing and reply rules, decoded by llama-cpp-python (``_LlamaCppEngine``):
+    what differs from fly in the agent suite is the decoding alone."""
+
+    _peer: _LlamaCppEngine | None = PrivateAttr(default=None)
+
+    def engine(self, target: str | None = None):
+        assert self._peer is not None
+        return self._peer
+
+
+class AgentTurns:
+    """``fly bench --suite agent``: each task of ``TASKS`` through ``create_agent`` in each mode, the whole
+    conversation timed (every model call, the tools' instants between them). Each task starts from empty caches;
+    within it, each decoder reuses the prefix its last call left (fly's engine its prompt cache, llama.cpp its
+    own), as an agent's turns resend the conversation. Registered as the ``fly.bench`` entry point ``agent``."""
+
+    def __init__(self, engine: FlyEngine, settings: ModelSettings, base: GenerationConfig, llama=None) -> None:
+        self.engine, self.settings, self.base, self.llama = engine, settings, base, llama
+        self.models: dict[str, FlyChatModel] = {}
+
+    @staticmethod
+    def tasks() -> list[Task]:
+        kinds = {"temperature": "convert", "warm": "convert", "cost": "discount", "much": "discount",
+                 "people": "lookup-chain", "population": "lookup-chain"}
+        out = []
+        for i, task in enumerate(TASKS):
+            category = next((v for k, v in kinds.items() if k in task.question.lower()), "agent")
+            out.append(Task(f"agent-{i}", category, [{"role": "user", "content": task.question}],
+                            {"answer": task.answer}))
+        return out
+
+    def __call__(self, spec: ModeSpec, task: Task) -> dict:
+        model = self._model(spec)
+        if spec.mode == LLAMA_CPP:
+            self.llama.llm.reset()
+        else:
+            get_engine(model.model_settings()).clear_cache()
+        stats = _TurnStats()
+        agent_task = AgentTask(task.messages[0]["content"], task.reference["answer"])
+        out = run_task(model, agent_task, callbacks=[stats])
+        return {"new_tokens": stats.new_tokens, "prompt_tokens": stats.prompt_tokens,
+                "cached_tokens": stats.cached_tokens, "target_forwards": stats.forwards or None,
+                "seconds": out["seconds"], "model_calls": stats.calls, "finished": out["finished"],
+                "right": out["right"], "tool_calls": out["tool_calls"], "text": out["reply"] or ""}
+
+    def _model(self, spec: ModeSpec) -> FlyChatModel:
+        if spec.label in self.models:
+            return self.models[spec.label]
+        s = self.settings
+        if spec.mode == LLAMA_CPP:
+            if self.llama is None:
+                raise FlyError("the llama-cpp mode needs the target's GGUF")
+            model: FlyChatModel = LlamaCppChatModel(target=s.target, draft=None, mode="ar",
+                                                    max_tokens=self.base.max_new_tokens)
+            model._peer = _LlamaCppEngine(self.llama.llm, self.engine.tokenizer, set(self.engine.eos_token_ids))
+        elif spec.mode in ("ar", "exact", "fly"):
+            config = replace(self.base, mode=spec.mode, k=spec.k)
+            settings = {adapter_name(name): getattr(config, name) for name in REQUEST_SETTINGS}
+            model = FlyChatModel(target=s.target, draft=s.draft, backend=s.backend, device=s.device,
+                                 precision=spec.precision or s.precision, **settings)
+        else:
+            raise FlyError(f"the agent suite runs ar, exact, fly and llama-cpp, not {spec.mode}")
+        self.models[spec.label] = model
+        return model

@@ -203,6 +203,7 @@ class DraftPolicy:
         self.adaptive = config.adaptive and config.k is None and not seeded_sampling
         self.window = config.window if config.mode == "fly" else 0
         self.ngrams = config.ngram  # a model drafter checks prompt-lookup n-grams first
+        self.suffix = config.suffix_drafts  # prompt lookup may draw on earlier replies
         self.k = config.draft_length
         # adaptive drafts are at least the mode's fixed default long: shorter ones lost to it where acceptance was
         # middling, and below K = W + 2 FLy cannot forgive at all. FLy gives that room up only where the fallback
@@ -236,7 +237,7 @@ class DraftPolicy:
         """This round's draft; its first ``strict`` drafts will be verified exactly whatever the mode (the
         reply's opening)."""
         if not self.adaptive:
-            return DraftShape(min(self.k, remaining), 0.0, 0, self.ngrams)
+            return DraftShape(min(self.k, remaining), 0.0, 0, self.ngrams, history=self.suffix)
         k = self.k
         if self.window and k - self.window <= strict:
             # every draft a mismatch could be forgiven at lies in the exactly verified opening: the room buys
@@ -245,7 +246,7 @@ class DraftPolicy:
         k = min(k, remaining)
         # a draft that leaves no forgivable mismatch a window of checked drafts drafts like exact matching
         extension = self.window if self.window and k - self.window > strict else 0
-        return DraftShape(k, self.confidence_floor(), extension, self.ngrams, gate_ngrams=True)
+        return DraftShape(k, self.confidence_floor(), extension, self.ngrams, gate_ngrams=True, history=self.suffix)
 
     def confidence_floor(self) -> float:
         """Drafter top-1 probability below which drafting on does not pay: one more draft costs d seconds and,

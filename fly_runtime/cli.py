@@ -114,11 +114,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             replace(base, mode=spec.mode, k=spec.k)  # validates, as construction does
     if args.skip < 0:
         raise FlyError(f"--skip must be >= 0, got {args.skip}")
-    if args.suite == "tools" and any(spec.mode == HF_ASSISTED for spec in modes):
-        raise FlyError("the tools suite runs its turns through LangChain's bind_tools: use ar, exact, fly and llama-cpp "
+    if args.suite in ("tools", "agent") and any(spec.mode == HF_ASSISTED for spec in modes):
+        raise FlyError(f"the {args.suite} suite runs its turns through LangChain: use ar, exact, fly and llama-cpp "
                        "modes (hf-assisted has no tool calling)")
-    tasks = load_tasks(args.suite, Path(args.data) if args.data else default_data_dir(), args.limit,
-                       args.per_category, args.skip)
+    data = Path(args.data) if args.data else None if args.suite == "agent" else default_data_dir()  # agent: built in
+    tasks = load_tasks(args.suite, data, args.limit, args.per_category, args.skip)
     if not tasks:
         raise FlyError("no prompts selected: check --limit / --per-category / --skip")
     settings = _model_settings(args)
@@ -292,7 +292,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(max_new_tokens=128)
     bench.add_argument("--suite", choices=SUITES, default="spec-bench",
                        help="rag: Spec-Bench's rag and summarization prompts; tools: BFCL function-calling turns through "
-                            "LangChain's bind_tools (scored); json: schema extraction (scored)")
+                            "LangChain's bind_tools (scored); json: schema extraction (scored); agent: two-step tool tasks "
+                            "through LangChain's create_agent, whole conversations timed (scored)")
     bench.add_argument("--limit", type=int, default=None, help="first N prompts")
     bench.add_argument("--skip", type=int, default=0,
                        help="leave out the first N prompts (with --limit: one shard of a long run)")

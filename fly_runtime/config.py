@@ -31,6 +31,8 @@ REQUEST_SETTINGS: dict[str, str] = {
     "exact_code": "FLy verifies fenced code blocks (```) exactly",
     "exact_opening": "FLy verifies the reply's first N tokens exactly (0: off)",
     "ngram": "check prompt-lookup n-grams with the drafter before it drafts alone",
+    "suffix_drafts": "greedy requests: prompt lookup also drafts from this process's earlier replies (verified "
+                     "exactly)",
     "adaptive": "adapt the draft length, stop unsure drafts, fall back to plain decoding where speculation "
                 "does not pay",
     "max_new_tokens": "most tokens to generate",
@@ -61,6 +63,9 @@ class GenerationConfig:
     # probability (0 = the paper's rule, entropy gate and window only)
     min_prob_ratio: float = FlyRule.min_prob_ratio
     ngram: bool = True  # prompt-lookup n-grams checked by the drafter before it drafts on its own
+    # greedy requests: prompt lookup also draws on this process's earlier replies (suffix drafts), each such draft
+    # verified exactly, so a reply never holds a token only another request's reply put there
+    suffix_drafts: bool = True
     adaptive: bool = True  # adapt K, stop unsure drafts, fall back to plain decoding (off when k is fixed)
     max_new_tokens: int = 256
     temperature: float = 0.0

@@ -1,7 +1,9 @@
 """Drafters propose the next tokens; they know nothing of how the target verifies them.
 
 - ``NgramDrafter``: prompt lookup. Finds the latest n-gram of the context earlier in the context and
-  proposes what followed it. Free to run, and strong where the answer copies the prompt (RAG, edits).
+  proposes what followed it. Free to run, and strong where the answer copies the prompt (RAG, edits). Given a
+  ``ReplyHistory``, a greedy request also draws on the replies this process wrote before (suffix drafts: an
+  agent's tool calls and a template's answers repeat across requests).
 - ``ModelDrafter``: a small causal LM drafting greedily (or sampling), one token per forward pass. Given an
   ``NgramDrafter``, a round that asks for n-grams runs the multi-level cascade: n-gram proposals are checked by
   one drafter forward pass, the agreeing prefix is kept plus the drafter's own next token, and that repeats
@@ -12,8 +14,10 @@ Both meet the proposer at one seam, ``Drafter``: propose tokens, then learn whic
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
 import numpy as np
 import torch
 
@@ -30,6 +34,7 @@ class DraftShape:
     extension: int  # tokens drafted past the first doubtful one (FLy's window), 0 = stop at once
     ngrams: bool = False  # a model drafter checks prompt-lookup n-grams first (the cascade)
     gate_ngrams: bool = False  # stop offering n-gram proposals in a request where the drafter rejects them
+    history: bool = True  # prompt lookup may draw on earlier replies (ReplyHistory), where the request is greedy
 
 
 @dataclass
@@ -39,11 +44,14 @@ class Draft:
     # (greedy drafting, prompt lookup), which verification treats as probability 1 on the drafted token
     probs: torch.Tensor | None = None
     forwards: int = 0  # drafter forward passes spent on this draft
+    # drawn from another request's reply: every token must match the target exactly (FLy forgives none of
+    # them), so that no reply holds a token only another request put there
+    exact: bool = False
 
     def head(self, n: int) -> "Draft":
         """The first ``n`` tokens of this draft."""
         probs = self.probs[:n] if self.probs is not None else None
-        return Draft(self.token_ids[:n], probs, self.forwards)
+        return Draft(self.token_ids[:n], probs, self.forwards, self.exact)
 
 
 class Drafter:
@@ -73,17 +81,57 @@ def _one_hot_rows(token_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
     return rows
 
 
-class NgramDrafter(Drafter):
-    """Prompt-lookup proposals: longest n-gram first (max_ngram down to 1), earliest match in the context."""
+class ReplyHistory:
+    """The replies this process wrote, for suffix drafts (SuffixDecoding, arXiv 2411.04975): an agent's tool
+    calls, a template's answers and extraction JSON repeat across requests, not only within one prompt. Bounded
+    to ``capacity`` tokens, the oldest dropped first; each reply ends with a -1, so no draft runs across two."""
 
-    def __init__(self, max_ngram: int = 4, max_tokens: int = 6) -> None:
+    MIN_MATCH = 2  # a single shared token says little about what follows it in another reply
+
+    def __init__(self, capacity: int = 65536) -> None:
+        self.capacity = capacity
+        self._tokens = np.empty(0, np.int64)
+        self._lock = threading.Lock()
+
+    def remember(self, reply: Sequence[int]) -> None:
+        if len(reply) < self.MIN_MATCH + 1:
+            return
+        with self._lock:  # requests finish on several threads; readers take the array as it was
+            self._tokens = np.concatenate([self._tokens, np.asarray(reply, np.int64), [-1]])[-self.capacity:]
+
+    def follow(self, tail: np.ndarray, limit: int) -> list[int]:
+        """What followed the latest earlier occurrence of ``tail`` in a reply, up to ``limit`` tokens."""
+        tokens, n = self._tokens, len(tail)
+        if n < self.MIN_MATCH or len(tokens) <= n:
+            return []
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
+        hits = np.flatnonzero((windows == tail).all(axis=1))
+        hits = hits[tokens[hits + n] >= 0]  # the match must go on in its own reply
+        if not hits.size:
+            return []
+        after = tokens[int(hits[-1]) + n:][:limit]
+        end = np.flatnonzero(after < 0)
+        return after[: end[0] if end.size else limit].tolist()
+
+
+class NgramDrafter(Drafter):
+    """Prompt-lookup proposals: longest n-gram first (max_ngram down to 1), earliest match in the context, or
+    (``history``, greedy requests only) the latest in an earlier reply where the context has none that long."""
+
+    def __init__(self, max_ngram: int = 4, max_tokens: int = 6, history: ReplyHistory | None = None) -> None:
         self.max_ngram = max_ngram
         self.max_tokens = max_tokens
+        self.history = history
 
     def lookup(self, context: Sequence[int], k: int) -> list[int]:
+        """What followed the context's latest n-gram earlier in the context (the drafter model's cascade)."""
+        return self._find(context, k, history=False)[0]
+
+    def _find(self, context: Sequence[int], k: int, history: bool) -> tuple[list[int], bool]:
+        """The proposal, and whether it came from an earlier reply."""
         limit = min(k, self.max_tokens)
         if limit < 1 or len(context) < 2:
-            return []
+            return [], False
         ids = np.asarray(context, dtype=np.int64)
         for n in range(min(self.max_ngram, len(ids) - 1), 0, -1):
             # windows that end before the last token, so every match has at least one token after it
@@ -91,11 +139,18 @@ class NgramDrafter(Drafter):
             hits = np.flatnonzero((windows == ids[-n:]).all(axis=1))
             if hits.size:
                 start = int(hits[0]) + n
-                return ids[start : start + limit].tolist()
-        return []
+                return ids[start : start + limit].tolist(), False
+            if history and self.history is not None:
+                earlier = self.history.follow(ids[-n:], limit)
+                if earlier:
+                    return earlier, True
+        return [], False
 
     def propose(self, context: Sequence[int], shape: DraftShape, sampler: Sampler) -> Draft:
-        return Draft(self.lookup(context, shape.k))  # deterministic: no distribution to carry
+        # earlier replies only where the request is greedy: a sampled request's draws depend on its drafts, and a
+        # seeded one must repeat itself whatever ran before it
+        ids, borrowed = self._find(context, shape.k, history=shape.history and sampler.greedy)
+        return Draft(ids, exact=borrowed)  # deterministic: no distribution to carry
 
 
 class ModelDrafter(Drafter):

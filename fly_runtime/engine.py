@@ -26,7 +26,7 @@ from fly_runtime.backends.base import CachedSequence
 from fly_runtime.batching import Slots
 from fly_runtime.config import CODE_FENCE, GenerationConfig
 from fly_runtime.constraint import JsonConstraint, grammar_tokenizer
-from fly_runtime.drafters import Draft, Drafter, DraftShape
+from fly_runtime.drafters import Draft, Drafter, DraftShape, ReplyHistory
 from fly_runtime.errors import EngineBusyError, FlyWarning, InvalidPromptError, InvalidSettingsError
 from fly_runtime.numbers import digit_token_mask
 from fly_runtime.penalties import Penalties
@@ -159,7 +159,7 @@ class FlyEngine:
     def __init__(self, target: CachedSequence, tokenizer, drafter: Drafter | None, vocab_size: int,
                  eos_token_ids: Sequence[int], max_context: int, lookup: Drafter | None = None,
                  host_threads: int | None = None, draft_name: str | None = None,
-                 max_batch: int | None = None) -> None:
+                 max_batch: int | None = None, history: ReplyHistory | None = None) -> None:
         self.slots = Slots(target, max_batch)  # the target's sequences, one per request served at once
         self.target = self.slots.sequences[0]
         self.tokenizer = tokenizer
@@ -168,6 +168,7 @@ class FlyEngine:
         # prompt; None where the drafter reads nothing (it is prompt lookup itself)
         self.lookup = lookup
         self.draft_name = draft_name  # the drafter model's name; None where prompt lookup drafts alone
+        self.history = history  # the replies written so far, which prompt lookup also draws on (suffix drafts)
         self.vocab_size = vocab_size  # logits beyond the shared vocabulary are padding and never chosen
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_context = max_context
@@ -291,6 +292,8 @@ class FlyEngine:
         if tail:
             yield tail
         stream.result = request.result()
+        if self.history is not None:
+            self.history.remember(stream.result.token_ids)
 
     def _start(self, prompt: list[int], config: GenerationConfig, target: CachedSequence, start: float) -> _Request:
         if config.mode != "ar" and self.learned.costs is None:
@@ -423,7 +426,8 @@ class FlyEngine:
         if proposal.masks is not None:
             logits = logits.masked_fill(~proposal.masks, float("-inf"))
         ids = torch.tensor(draft_ids, dtype=torch.long)
-        strict = checks.strict_positions(len(context), draft_ids)
+        # a draft from another request's reply is verified exactly whole (drafters.ReplyHistory)
+        strict = [True] * len(draft_ids) if proposal.draft.exact else checks.strict_positions(len(context), draft_ids)
         verdict = verify(logits, ids, sampler, checks.rule, strict, checks.protected, proposal.draft.probs)
         request.stats.count_round(proposal, verdict)
         # the target keeps context + kept drafts; the new token is fed at the start of the next round

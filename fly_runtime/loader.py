@@ -8,7 +8,7 @@ from typing import Literal
 
 from fly_runtime.backends.base import Backend, CachedSequence
 from fly_runtime.backends.registry import load_tokenizer, open_backend, open_target  # noqa: F401 (public here too)
-from fly_runtime.drafters import Drafter, ModelDrafter, NgramDrafter
+from fly_runtime.drafters import Drafter, ModelDrafter, NgramDrafter, ReplyHistory
 from fly_runtime.engine import FlyEngine
 from fly_runtime.errors import FlyError, IncompatibleModelsError, InvalidSettingsError
 from fly_runtime.sources import BUILTIN_PAIRS, DEFAULT_PAIR, ResolvedModel, resolve_model
@@ -137,15 +137,16 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
             draft_name = None
     drafter: Drafter
     lookup: NgramDrafter | None = None
+    history = ReplyHistory()  # the replies this engine writes, which prompt lookup also draws on (suffix drafts)
     if draft_name is None:
-        drafter = NgramDrafter()
+        drafter = NgramDrafter(history=history)
     else:
         draft_model = resolve_model(draft_name)
         check_same_tokenizer(tokenizer, load_tokenizer(draft_model), settings.target, draft_name)
         draft_sequence = CachedSequence(open_backend(draft_model, kind, "int4", device=settings.device))
         # prompt lookup (stateless) serves twice: in front of the drafter where a request asks for n-grams, and
         # alone before the drafter reads
-        lookup = NgramDrafter()
+        lookup = NgramDrafter(history=history)
         drafter = ModelDrafter(draft_sequence, vocab_size, lookup)
     max_batch = settings.max_batch
     if max_batch is None and getattr(target_backend, "sequences", 1) > 1:
@@ -161,6 +162,7 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         host_threads=1 if kind == "onnx" else None,
         draft_name=draft_name,
         max_batch=max_batch,
+        history=history,
     )
 
 

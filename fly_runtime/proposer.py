@@ -154,8 +154,8 @@ class Proposer:
     def _lookup(self, context: Sequence[int], remaining: int, start: float, sharing: int = 1) -> Proposal:
         """Prompt lookup's proposal, cut to the part worth a target row each; a plain step where none is."""
         assert self.policy is not None
-        draft = self.lookup.propose(context, DraftShape(remaining - 1, 0.0, 0), self.sampler) if self.lookup \
-            else Draft()
+        shape = DraftShape(remaining - 1, 0.0, 0, history=self.policy.suffix)
+        draft = self.lookup.propose(context, shape, self.sampler) if self.lookup else Draft()
         keep = self.policy.lookup.length(len(draft.token_ids), sharing)
         now = time.perf_counter()
         if not keep:

@@ -216,6 +216,7 @@ FLY_SETTINGS: dict[str, dict[str, Any]] = {
     "exact_code": {"type": "boolean"},
     "exact_opening": {"type": "integer", "minimum": 0},
     "ngram": {"type": "boolean"},
+    "suffix_drafts": {"type": "boolean"},
     "adaptive": {"type": "boolean"},
     "top_k": {"type": "integer", "minimum": 0},
     "min_p": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},

@@ -14,8 +14,8 @@ from fly_runtime.bench.sandbox import run_python
 
 # the users' workloads beside Spec-Bench: answers that copy retrieved text (rag: Spec-Bench's rag and
 # summarization prompts), function-calling turns (tools: BFCL simple_python and parallel) and JSON-schema
-# extraction (json)
-SUITES = ("spec-bench", "rag", "tools", "json", "gsm8k", "humaneval")
+# extraction (json), multi-turn agent tasks (agent: tools looked up then transformed, through an agent framework)
+SUITES = ("spec-bench", "rag", "tools", "json", "agent", "gsm8k", "humaneval")
 
 
 @dataclass
@@ -39,13 +39,13 @@ def default_data_dir() -> Path:
     )
 
 
-def load_tasks(suite: str, data_dir: Path, limit: int | None = None, per_category: int | None = None,
+def load_tasks(suite: str, data_dir: Path | None, limit: int | None = None, per_category: int | None = None,
                skip: int = 0) -> list[Task]:
     """The suite's prompts: the first ``per_category`` of each category (if given), then ``limit`` of them
     after the first ``skip`` (a long accuracy run split into shards: ``skip=40, limit=40`` is prompts 41-80)."""
     loaders: dict[str, Callable[[Path], list[Task]]] = {
         "spec-bench": _spec_bench, "rag": _rag, "tools": _tools, "json": _json, "gsm8k": _gsm8k,
-        "humaneval": _humaneval,
+        "humaneval": _humaneval, "agent": lambda _: _registered_tasks("agent"),
     }
     if suite not in loaders:
         raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
@@ -60,6 +60,16 @@ def load_tasks(suite: str, data_dir: Path, limit: int | None = None, per_categor
         tasks = kept
     tasks = tasks[skip:]
     return tasks[:limit] if limit is not None else tasks
+
+
+def _registered_tasks(suite: str) -> list[Task]:
+    """The tasks of a suite an integration defines with its runner (the ``fly.bench`` entry point: the agent suite's
+    tools are LangChain tools), which the runtime does not import."""
+    from importlib.metadata import entry_points
+
+    for found in entry_points(group="fly.bench", name=suite):
+        return found.load().tasks()
+    raise ValueError(f"the {suite} suite needs fly_integrations installed (pip install -e .)")
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -181,4 +191,5 @@ SCORERS: dict[str, Callable[[Task, dict], bool]] = {
     "humaneval": lambda task, row: score_humaneval(task, row["text"]),
     "json": lambda task, row: score_json(task, row["text"]),
     "tools": lambda task, row: score_tools(task, [(c["name"], c["arguments"]) for c in row["tool_calls"]]),
+    "agent": lambda task, row: bool(row["right"]),  # the agent finished, stating the task's number
 }

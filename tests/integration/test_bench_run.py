@@ -79,3 +79,17 @@ def test_llama_cpp_peer_reads_the_whole_prompt_every_run(engine):
         fed.clear()
         peer.generate(prompt, 2, set(engine.eos_token_ids), engine.tokenizer)
         assert fed[0] == len(prompt)
+
+
+def test_bench_agent_suite_times_whole_create_agent_conversations(tmp_path):
+    """Each task a whole create_agent conversation per mode: its model calls summed, the prefix each call shares
+    with the last one reused (fly's prompt cache; llama-cpp-python's own), scored by the final reply's number."""
+    out = tmp_path / "agent"
+    rows = bench(out, "--suite", "agent", "--limit", "1", "--max-new-tokens", "96", "--modes", f"fly,{PEER}")
+    assert [r["mode"] for r in rows] == ["fly", PEER]
+    for row in rows:
+        assert row["model_calls"] >= 2 and row["new_tokens"] > 0  # a tool call, then at least one more turn
+        assert 0 < row["cached_tokens"] < row["prompt_tokens"]  # later turns read only past the conversation so far
+        assert isinstance(row["correct"], bool) and row["correct"] == (row["finished"] and "39.2" in row["text"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["suite"] == "agent" and summary["overall"]["fly"]["wall_speedup_vs_best_plain"] > 0

@@ -84,8 +84,21 @@ def test_json_suite_scores_parsed_valid_and_matching_extractions(data_dir):
     assert not score_json(invoice, json.dumps(right)[:-1])  # cut short: does not parse
 
 
-def test_tools_suite_refuses_a_mode_without_tool_calling_before_loading_models(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "bench", "--suite", "tools", "--modes",
+@pytest.mark.parametrize("suite", ["tools", "agent"])
+def test_tool_suites_refuse_a_mode_without_tool_calling_before_loading_models(tmp_path, suite):
+    proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "bench", "--suite", suite, "--modes",
                            "ar,hf-assisted", "--out", str(tmp_path / "bench")], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "hf-assisted has no tool calling" in proc.stderr
+
+
+def test_agent_suite_tasks_come_from_the_integration_and_are_scored_by_the_final_number():
+    """The agent suite's tasks are the LangChain tools' (registered by fly_integrations), needing no data folder."""
+    from fly_integrations.bench_agents import TASKS
+    from fly_runtime.bench.suites import SCORERS
+
+    tasks = load_tasks("agent", None)
+    assert [t.messages[0]["content"] for t in tasks] == [t.question for t in TASKS]
+    assert {t.category for t in tasks} == {"convert", "discount", "lookup-chain"}
+    assert [t.task_id for t in load_tasks("agent", None, limit=2, skip=1)] == ["agent-1", "agent-2"]
+    assert SCORERS["agent"](tasks[0], {"right": True}) and not SCORERS["agent"](tasks[0], {"right": False})
