@@ -139,7 +139,8 @@ class FlyParams(RequestSettings):
         """A reply's metadata: the models that served it (a per-call ``model=`` included; the drafter, None
         where prompt lookup drafted alone), the mode, the finish reason and the stats."""
         values = result.stats.as_dict()
-        return {"model_name": model or self.target, "draft_model": result.draft_model, "fly_mode": self.mode,
+        return {"model_name": model or self.target, "draft_model": result.draft_model, "target_form": result.form,
+                "fly_mode": self.mode,
                 "finish_reason": result.finish_reason, **{name: values[name] for name in METADATA_STATS}}
 
 

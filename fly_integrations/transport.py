@@ -169,7 +169,8 @@ class _StreamReader:
                 calls.append(ToolCall(call["name"], arguments, **({"id": call["id"]} if call["id"] else {})))
             else:
                 invalid.append(InvalidToolCall(call["arguments"], arguments, call["name"] or None))
-        result = GenerationResult(self.content, [], self.finish, self._stats(), self.fly.get("draft_model"))
+        result = GenerationResult(self.content, [], self.finish, self._stats(), self.fly.get("draft_model"),
+                                  self.fly.get("target_form"))
         return Reply(self.content, calls, result, invalid, self.reasoning)
 
     def _stats(self) -> GenerationStats:

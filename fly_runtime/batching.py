@@ -187,6 +187,11 @@ class Slots:
         with self._cond:
             return bool(self._free) and not self._queue
 
+    def cached(self, prompt: Sequence[int]) -> int:
+        """The most of ``prompt[:-1]``'s start any sequence holds: what a request need not read here."""
+        with self._cond:
+            return max(common_prefix(s.ids, prompt) for s in self.sequences)
+
     def take(self, prompt: Sequence[int], reserve: int) -> int:
         """Wait for a free sequence and room for ``reserve`` cells; return the sequence, holding the longest
         start of ``prompt[:-1]`` that any sequence had cached."""

@@ -87,10 +87,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     stats = result.stats.as_dict()
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,
-                          "finish_reason": result.finish_reason, "stats": stats}))
+                          "finish_reason": result.finish_reason, "form": result.form, "stats": stats}))
     else:
         print()
-        print(f"[{args.mode}] {result.stats.new_tokens} tokens in {result.stats.seconds:.2f} s "
+        form = f" on {result.form}" if result.form else ""
+        print(f"[{args.mode}{form}] {result.stats.new_tokens} tokens in {result.stats.seconds:.2f} s "
               f"({result.stats.tokens_per_second:.1f} tok/s), τ={result.stats.mean_accepted:.2f}, "
               f"acceptance={result.stats.acceptance_rate:.2f}, forgiven={result.stats.fly_forgiven}, "
               f"mean K={result.stats.mean_k:.1f}, plain steps={result.stats.plain_steps}",

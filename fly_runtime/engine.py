@@ -1,7 +1,9 @@
 """The generate loop: prefill, then rounds of draft -> one target forward -> verify -> commit -> crop.
 
-One engine owns one target and (optionally) one drafter. Each request runs this loop on a sequence of the
-target's cache of its own: where the backend holds several sequences, the requests decoding at once share
+One engine owns one target and (optionally) one drafter. The target may come in more than one form (the GGUF
+under llama.cpp, an ONNX Runtime graph of it): then each request is served on the form predicted to finish it
+soonest (fly_runtime/routing.py), a form opened on its first request. Each request runs this loop on a sequence of
+the form's cache of its own: where the backend holds several sequences, the requests decoding at once share
 every target pass (fly_runtime/batching.py), else they take turns. The drafter serves one request at a time;
 the others decode plainly meanwhile. Output is streamed as committed text pieces. A finished request leaves its
 cache behind, and later ones reuse it as far as their prompts start the same way: a chat resends its history
@@ -16,7 +18,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field, fields
 
 import torch
@@ -31,6 +33,7 @@ from fly_runtime.errors import EngineBusyError, FlyWarning, InvalidPromptError, 
 from fly_runtime.numbers import digit_token_mask
 from fly_runtime.penalties import Penalties
 from fly_runtime.proposer import Learned, Proposal, Proposer
+from fly_runtime.routing import Router, request_kind
 from fly_runtime.sampling import Sampler
 from fly_runtime.spans import ExactSpans
 from fly_runtime.text import StopTextStream
@@ -103,6 +106,7 @@ class GenerationResult:
     finish_reason: str  # "stop" (EOS or a stop string), "length" (max_new_tokens) or "timeout"
     stats: GenerationStats = field(default_factory=GenerationStats)
     draft_model: str | None = None  # the drafter model that served the request; None: prompt lookup or none
+    form: str | None = None  # the form of the target that served it, where the engine holds several
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,19 @@ class Verification:
     def strict_leading(self, position: int) -> int:
         """How many drafts from sequence ``position`` on are sure to be verified exactly (the reply's opening)."""
         return max(0, self.opening_end - position)
+
+
+@dataclass
+class TargetForm:
+    """A form of the target the engine serves requests on (the GGUF under llama.cpp, an ONNX Runtime graph): its
+    sequences once open, and the prices learned on it. ``opener`` opens it on its first request."""
+
+    name: str
+    max_context: int
+    slots: Slots | None = None
+    opener: Callable[[], CachedSequence] | None = None
+    max_batch: int | None = None
+    learned: Learned = field(default_factory=Learned)
 
 
 class GenerationStream:
@@ -159,8 +176,14 @@ class FlyEngine:
     def __init__(self, target: CachedSequence, tokenizer, drafter: Drafter | None, vocab_size: int,
                  eos_token_ids: Sequence[int], max_context: int, lookup: Drafter | None = None,
                  host_threads: int | None = None, draft_name: str | None = None,
-                 max_batch: int | None = None, history: ReplyHistory | None = None) -> None:
-        self.slots = Slots(target, max_batch)  # the target's sequences, one per request served at once
+                 max_batch: int | None = None, history: ReplyHistory | None = None, form: str | None = None,
+                 alternates: Sequence[TargetForm] = (), router: Router | None = None) -> None:
+        # the target as given, and (with a router) other forms of it, opened on their first request
+        primary = TargetForm(form or "target", max_context, Slots(target, max_batch))
+        self.forms = [primary, *alternates]
+        self.router = router if alternates else None
+        self._opening = threading.Lock()
+        self.slots = primary.slots  # the given form's sequences, one per request served at once
         self.target = self.slots.sequences[0]
         self.tokenizer = tokenizer
         self.drafter = drafter  # a model (n-grams in front where a request asks), or prompt lookup itself
@@ -171,13 +194,13 @@ class FlyEngine:
         self.history = history  # the replies written so far, which prompt lookup also draws on (suffix drafts)
         self.vocab_size = vocab_size  # logits beyond the shared vocabulary are padding and never chosen
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.max_context = max_context
+        self.max_context = max(f.max_context for f in self.forms)
         # torch threads while the engine works on logits itself (argmax, verification, the drafter's stop test);
         # None leaves torch's setting alone. Where the models run on ONNX Runtime its thread pool spins on the
         # same cores between runs, and torch's own pool contending with it slows every drafter pass
         self.host_threads = host_threads
         self._drafting = threading.Lock()  # held by the request the drafter serves
-        self.learned = Learned()  # prices measured on this machine, kept across requests
+        self.learned = primary.learned  # prices measured on this machine, kept across requests (each form its own)
         self._digit_tokens: torch.Tensor | None = None  # built on the first FLy request that protects numbers
         self._grammar_tokenizer = None  # built on the first structured request
 
@@ -216,21 +239,26 @@ class FlyEngine:
         """Every sequence of the engine, once the requests before have finished. A thread that holds one (a
         stream it opened and has not finished or closed) gets an error, since it would wait for itself."""
         self._check_not_holding()
-        with self.slots.every():
+        with self._opening, ExitStack() as held:  # no form opens meanwhile
+            for f in self.forms:
+                if f.slots is not None:
+                    held.enter_context(f.slots.every())
             yield
 
     def _check_not_holding(self, unless_free: bool = False) -> None:
         """Refuse what would wait for a stream this thread has open (``unless_free``: a request that can start
         on a free sequence at once)."""
-        if self.slots.holding() and not (unless_free and self.slots.free_now()):
+        opened = [f.slots for f in self.forms if f.slots is not None]
+        if any(s.holding() for s in opened) and not (unless_free and any(s.free_now() for s in opened)):
             raise EngineBusyError(
                 "this thread has a generation stream open on the same model, and the engine has no free sequence "
                 "to serve another: finish or close that stream (stream.close(), or leave its for loop) before "
                 "starting another request, or make the second request from another thread")
 
     def _reset_caches(self) -> None:
-        for sequence in self.slots.sequences:
-            sequence.reset()
+        for f in self.forms:
+            for sequence in f.slots.sequences if f.slots is not None else ():
+                sequence.reset()
         self._reset_drafter()
 
     def _reset_drafter(self) -> None:
@@ -256,7 +284,10 @@ class FlyEngine:
     # ------------------------------------------------------------------------------------------- the loop
     def _run(self, stream: GenerationStream, prompt: list[int], config: GenerationConfig) -> Iterator[str]:
         """Serve one request on a sequence of its own, with the drafter if no other request has it."""
-        seq = self.slots.take(prompt, len(prompt) + config.max_new_tokens + Slots.DRAFT_ROOM)
+        form = self._route(prompt, config)
+        slots = form.slots
+        assert slots is not None
+        seq = slots.take(prompt, len(prompt) + config.max_new_tokens + Slots.DRAFT_ROOM)
         start = time.perf_counter()  # the wait for a sequence is not the request's time
         drafting = config.mode != "ar" and self._drafting.acquire(blocking=False)
         busy = config.mode != "ar" and not drafting
@@ -264,20 +295,39 @@ class FlyEngine:
             config = dataclasses.replace(config, mode="ar")
         try:
             with _torch_threads(self.host_threads):
-                request = self._start(prompt, config, self.slots.sequences[seq], start)
+                request = self._start(prompt, config, slots.sequences[seq], start, form)
                 request.stats.drafter_busy = int(busy)
                 yield from self._serve(stream, request)
         except BaseException:
             # a request that failed inside a forward pass may leave a cache out of step with its ids; one
             # abandoned or failed for any reason leaves nothing for the next request to trust
-            self.slots.sequences[seq].reset()
+            slots.sequences[seq].reset()
             if drafting:
                 self._reset_drafter()
             raise
         finally:
             if drafting:
                 self._drafting.release()
-            self.slots.give(seq)
+            slots.give(seq)
+
+    def _route(self, prompt: list[int], config: GenerationConfig) -> TargetForm:
+        """The form to serve the request on: the only one, else the router's choice among those that can hold it
+        (each priced with what its own prompt cache spares), opened here where it was not yet. A seeded request
+        stays on the first form, so that it repeats itself exactly (forms round differently)."""
+        if self.router is None or config.seed is not None:
+            return self.forms[0]
+        fits = [f for f in self.forms if f.max_context >= len(prompt) + config.max_new_tokens] or self.forms[:1]
+        unread = {f.name: len(prompt) - (f.slots.cached(prompt) if f.slots is not None else 0) for f in fits}
+        name = self.router.choose(_kind(config), unread, config.max_new_tokens, {f.name for f in fits if f.slots is not None})
+        form = next(f for f in fits if f.name == name)
+        if form.slots is None:
+            with self._opening:
+                if form.slots is None:
+                    assert form.opener is not None
+                    began = time.perf_counter()
+                    form.slots = Slots(form.opener(), form.max_batch)
+                    self.router.opened(time.perf_counter() - began)
+        return form
 
     def _serve(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
         new = self._prefill(request)
@@ -294,16 +344,21 @@ class FlyEngine:
         stream.result = request.result()
         if self.history is not None:
             self.history.remember(stream.result.token_ids)
+        if self.router is not None:
+            stream.result.form = request.form.name
+            self.router.record(request.form.name, request.kind, stream.result.stats.new_tokens,
+                               time.perf_counter() - request.writing_since, stream.result.finish_reason == "stop")
 
-    def _start(self, prompt: list[int], config: GenerationConfig, target: CachedSequence, start: float) -> _Request:
-        if config.mode != "ar" and self.learned.costs is None:
-            self.learned.costs = self._measure_costs(target)  # once per engine (a few passes); the timeout counts it
+    def _start(self, prompt: list[int], config: GenerationConfig, target: CachedSequence, start: float,
+               form: TargetForm) -> _Request:
+        if config.mode != "ar" and form.learned.costs is None:
+            form.learned.costs = self._measure_costs(target)  # once per form (a few passes); the timeout counts it
         seed = config.seed if config.seed is not None else int(torch.randint(0, 2**62, ()).item())
         sampler = Sampler(config.temperature, config.top_k, config.top_p, torch.Generator().manual_seed(seed),
                           config.min_p)
         request = _Request(prompt, config, sampler, self._verification(config, prompt),
                            StopTextStream(self.tokenizer, config.stop), self.eos_token_ids, start, self.draft_name)
-        request.target = target
+        request.target, request.form, request.kind = target, form, _kind(config)
         request.penalties = Penalties.of(config, prompt, self.vocab_size)
         if config.json_schema is not None or config.grammar is not None:
             if self._grammar_tokenizer is None:
@@ -317,16 +372,18 @@ class FlyEngine:
         stats, target = request.stats, request.target
         unread = target.crop_to_prefix(request.prompt)
         stats.cached_tokens = len(request.prompt) - len(unread)
+        learned = request.form.learned
         if 0 < request.config.warn_prompt_tokens < len(unread):
-            self._warn_long_read(len(unread))
+            self._warn_long_read(len(unread), learned)
         began = time.perf_counter()
         logits = self._read_prompt(target, unread, request.deadline)
         read = len(target) - stats.cached_tokens  # less than unread where the timeout cut it short
         if read:
-            self._learn_prefill(read, time.perf_counter() - began)
+            self._learn_prefill(read, time.perf_counter() - began, learned)
         stats.target_forwards += 1
+        request.writing_since = time.perf_counter()
         request.proposer = Proposer(request.config, self.drafter, self.lookup if request.config.ngram else None,
-                                    self.lookup is not None, self.learned, request.sampler)
+                                    self.lookup is not None, learned, request.sampler)
         # a prompt read cut short by the timeout yields no token: the first commit ends the request
         return [request.pick(logits[0, : self.vocab_size])] if logits is not None else []
 
@@ -334,7 +391,7 @@ class FlyEngine:
         """One round: the proposer's draft verified by one target pass, or a plain step; the tokens to commit."""
         context = request.prompt + request.committed
         proposal = request.proposer.propose(context, request.remaining, request.checks.strict_leading(len(context)),
-                                            request.constraint, self.slots.busy())
+                                            request.constraint, request.form.slots.busy())
         if proposal.plain:
             new, verdict = self._plain_step(context[-1], request), None
         else:
@@ -371,8 +428,8 @@ class FlyEngine:
 
     PROMPT_CHUNK = 128  # tokens per target pass while reading a prompt: a timeout or Ctrl-C acts within one
 
-    def _warn_long_read(self, tokens: int) -> None:
-        rate = self.learned.prefill_per_token
+    def _warn_long_read(self, tokens: int, learned: Learned) -> None:
+        rate = learned.prefill_per_token
         estimate = f", about {tokens * rate:.0f} s at this machine's measured rate" if rate else ""
         warnings.warn(f"fly: reading a {tokens:,}-token prompt{estimate}; a timeout or Ctrl-C stops it within "
                       f"{self.PROMPT_CHUNK} tokens (warn_prompt_tokens sets when this is said)", FlyWarning,
@@ -390,11 +447,12 @@ class FlyEngine:
             target.extend(ids[done:done + self.PROMPT_CHUNK], keep=1)
             done += self.PROMPT_CHUNK
 
-    def _learn_prefill(self, tokens: int, seconds: float) -> None:
+    @staticmethod
+    def _learn_prefill(tokens: int, seconds: float, learned: Learned) -> None:
         """Keep the target's per-token prompt-reading cost, which prices the drafter's read. A prompt read
         mostly from the cache measures per-call overhead instead, so only long reads replace a measured cost."""
-        if tokens >= DeferredRead.MIN_MEASURED_READ or self.learned.prefill_per_token is None:
-            self.learned.prefill_per_token = seconds / tokens
+        if tokens >= DeferredRead.MIN_MEASURED_READ or learned.prefill_per_token is None:
+            learned.prefill_per_token = seconds / tokens
 
     def _verification(self, config: GenerationConfig, prompt: list[int]) -> Verification:
         if config.mode != "fly" or config.json_schema is not None or config.grammar is not None:  # structured: exact
@@ -450,6 +508,9 @@ class _Request:
         self.finish: str | None = None  # set once the request has ended: "stop", "length" or "timeout"
         self.proposer: Proposer  # made once the prompt is read
         self.target: CachedSequence  # the request's sequence of the target's cache
+        self.form: TargetForm  # the form of the target serving it
+        self.kind = "text"  # what the request is, for the router's prices (routing.KINDS)
+        self.writing_since = start  # when the prompt was read and the reply began
         self.constraint: JsonConstraint | None = None  # the grammar a structured reply follows
         self.penalties: Penalties | None = None  # repetition, frequency and presence penalties, where asked for
 
@@ -500,6 +561,12 @@ class _Request:
         assert self.finish is not None
         drafter = self.draft_name if self.config.mode != "ar" else None
         return GenerationResult(self.text.released, list(self.text.token_ids), self.finish, stats, drafter)
+
+
+def _kind(config: GenerationConfig) -> str:
+    """What the request is, for the router's prices (routing.KINDS)."""
+    structured = config.json_schema is not None or config.grammar is not None
+    return "plain" if config.mode == "ar" else request_kind(structured, bool(config.exact_spans))
 
 
 @contextmanager

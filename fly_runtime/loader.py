@@ -9,7 +9,7 @@ from typing import Literal
 from fly_runtime.backends.base import Backend, CachedSequence
 from fly_runtime.backends.registry import load_tokenizer, open_backend, open_target  # noqa: F401 (public here too)
 from fly_runtime.drafters import Drafter, ModelDrafter, NgramDrafter, ReplyHistory
-from fly_runtime.engine import FlyEngine
+from fly_runtime.engine import FlyEngine, TargetForm
 from fly_runtime.errors import FlyError, IncompatibleModelsError, InvalidSettingsError
 from fly_runtime.sources import BUILTIN_PAIRS, DEFAULT_PAIR, ResolvedModel, resolve_model
 from fly_runtime.tuning import BATCH_CANDIDATES, choose_batch
@@ -30,7 +30,9 @@ class ModelSettings:
     backend: BackendName = "auto"
     device: str | None = None
     # the target on the CPU: an ONNX Runtime graph (fp32, int8, int4), the GGUF run by llama.cpp (gguf), or auto:
-    # the fastest of them on this machine that keeps the model's choices (fly_runtime/tuning.py); drafter: int4
+    # the fastest of them on this machine for a typical turn that keeps the model's choices (fly_runtime/tuning.py),
+    # with any other form that steps or reads faster held beside it, each request served on the form that finishes
+    # it soonest (fly_runtime/routing.py; a form opens on its first request); drafter: int4
     precision: str = "auto"
     # requests the target decodes together, each on a sequence of its cache (where the backend holds several:
     # llama.cpp); the rest wait their turn. None: as many as pay on this machine (measured once, tuning.py)
@@ -41,6 +43,10 @@ class ModelSettings:
             raise InvalidSettingsError(f"max_batch must be an integer from 1 to 64 (or None: measured), got "
                                        f"{self.max_batch!r}")
 
+
+# cells of llama.cpp's cache where it is held beside a graph (allocated up front, unlike a graph's): longer requests
+# go to the graph
+ROUTED_CONTEXT = 8192
 
 _engines: dict[ModelSettings, FlyEngine] = {}
 _engines_lock = threading.Lock()
@@ -151,6 +157,7 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
     max_batch = settings.max_batch
     if max_batch is None and getattr(target_backend, "sequences", 1) > 1:
         max_batch = choose_batch(target_backend, target_model)
+    alternates, router = _held_forms(settings, kind, target_model, precision, target_backend.max_context)
     return FlyEngine(
         CachedSequence(target_backend),
         tokenizer,
@@ -163,7 +170,39 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
         draft_name=draft_name,
         max_batch=max_batch,
         history=history,
+        form=precision,
+        alternates=alternates,
+        router=router,
     )
+
+
+def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precision: str, max_context: int):
+    """The other forms of the target ``precision="auto"`` holds on this machine (tuning's record), each opened on
+    its first request, and the router that sends each request to the form predicted to finish it soonest; none
+    where the precision is set, or no other form steps or reads faster here."""
+    if settings.precision != "auto" or kind != "onnx" or model.exported_onnx:
+        return [], None
+    from fly_runtime.backends.llama_cpp_backend import available
+    from fly_runtime.routing import FormPrices, Router
+    from fly_runtime.sources.convert import GGUF
+    from fly_runtime.tuning import recorded_batch, recorded_forms
+
+    ms, held = recorded_forms(model)
+    gguf_runs = available() and model.gguf is not None
+    held = [p for p in held if (gguf_runs if p == GGUF else model.has_graph(p))]
+    if precision not in ms or not held:
+        return [], None
+    alternates = []
+    for p in held:
+        # llama.cpp decodes several requests together where tuning found that it pays (the batch it recorded)
+        context, batch = (min(ROUTED_CONTEXT, max_context), settings.max_batch or recorded_batch(model) or 1) \
+            if p == GGUF else (max_context, 1)
+
+        def opener(p: str = p, context: int = context, batch: int = batch) -> CachedSequence:
+            return CachedSequence(open_target(model, p, sequences=batch, context=context if p == GGUF else 0))
+
+        alternates.append(TargetForm(p, context, opener=opener, max_batch=batch))
+    return alternates, Router({p: FormPrices.of(ms[p]) for p in [precision, *held]})
 
 
 def _drafts_can_pay(kind: str, backend: Backend, model: ResolvedModel, precision: str, drafter: str) -> bool:

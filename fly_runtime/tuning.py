@@ -40,12 +40,15 @@ AGREEMENT_FLOOR = 0.97
 # largest logit difference between a one-token step and a multi-token pass that counts as the same computation
 ROW_TOLERANCE = 1e-3
 REFERENCE_TOKENS = 1536
-RECORD_VERSION = 5  # records of an older rule are measured again
+RECORD_VERSION = 6  # records of an older rule are measured again
 # the turn a form is judged by (docs/design.md, "Choosing the target's form"): an agent's tool turn or a RAG
 # answer reads a few hundred tokens and writes about a hundred; drafts there (prompt lookup, the grammar's
 # forced tokens) are free and survive about this often
 TURN_READ, TURN_WRITE, TURN_SURVIVAL = 400, 100, 0.6
 READ_TOKENS = 64  # the prompt-read pass timed per form
+# another form is held beside the chosen one where it steps or reads prompts at least this much faster: each request
+# then goes to the form that serves it soonest (fly_runtime/routing.py)
+ROUTE_MARGIN = 0.9
 MEASURE_ROUNDS = 2
 TIMED_CONTEXT = 2048  # room for the timed passes and a fidelity chunk
 
@@ -205,12 +208,27 @@ def pick(costs: dict[str, dict]) -> str:
     return min(ok, key=lambda p: (turn_seconds(costs[p]), costs[p]["1"])) if ok else "fp32"
 
 
+def held_forms(costs: dict[str, dict], choice: str) -> list[str]:
+    """The forms held beside ``choice``: those that qualify (as ``pick`` says) and step or read prompts faster by
+    ``ROUTE_MARGIN``, so that some requests finish sooner there (the GGUF's faster steps for long free replies, a
+    graph's faster reads and cheap verified rows for read-heavy turns that copy their prompt)."""
+    mine = costs[choice]
+    return [p for p, c in costs.items()
+            if p not in (choice, "fp32") and c.get("agreement", 1.0) >= AGREEMENT_FLOOR
+            and (c["1"] <= ROUTE_MARGIN * mine["1"] or _read_ms(c) <= ROUTE_MARGIN * _read_ms(mine))]
+
+
+def _read_ms(ms: dict) -> float:
+    """Milliseconds a prompt token takes to read: the timed prompt read, else nine-token passes."""
+    return ms[str(READ_TOKENS)] / READ_TOKENS if str(READ_TOKENS) in ms else ms["9"] / 9
+
+
 def turn_seconds(ms: dict) -> float:
     """Seconds of a typical turn on a form with these pass times: reading TURN_READ prompt tokens, then writing
     TURN_WRITE at the speed-up free drafts reach there (none where a verified row costs about a step). A record
     without a timed prompt read prices it as nine-token passes."""
     prices = pass_prices(ms)
-    read = ms[str(READ_TOKENS)] / READ_TOKENS if str(READ_TOKENS) in ms else ms["9"] / 9
+    read = _read_ms(ms)
     speedup = max(1.0, prices.best_speedup(TURN_SURVIVAL, by_model=False))
     return (TURN_READ * read / 1000) + TURN_WRITE * prices.step / speedup
 
@@ -277,15 +295,26 @@ def choose_precision(model, tokenizer=None, candidates: tuple[str, ...] | None =
     for p in costs:
         costs[p].update({key: statistics.median(r[p][key] for r in rounds if key in r[p]) for key in rounds[0][p]})
     choice = pick(costs)
-    for p in built_now:  # a graph written only to be timed, and not chosen, is not kept (it takes seconds again)
-        if p != choice:
+    held = held_forms(costs, choice)
+    for p in built_now:  # a graph written only to be timed, and neither chosen nor held, is not kept
+        if p != choice and p not in held:
             shutil.rmtree(model.graph_folder(p), ignore_errors=True)
     if choice not in costs:  # nothing quantised qualified: the full-precision graph, timed for the record
         costs[choice] = measure(open_target(model, choice))
     _record(f"{machine_id()}|{model.key}", {"model": model.name, "precision": choice, "ms": costs,
-                                             "candidates": list(candidates)})
-    print(f"fly: target {choice} ({describe(costs)})", file=sys.stderr, flush=True)
+                                             "candidates": list(candidates), "held": held})
+    also = f"; {', '.join(held)} held beside it, each request served on the form that finishes it soonest" if held else ""
+    print(f"fly: target {choice}{also} ({describe(costs)})", file=sys.stderr, flush=True)
     return choice
+
+
+def recorded_forms(model) -> tuple[dict[str, dict], list[str]]:
+    """The pass times of each form timed for ``model`` on this machine, and the forms held beside the chosen one
+    (tuning's record; none where there is no record of this rule)."""
+    record = recorded_precision(model.key)
+    if record is None or record.get("version") != RECORD_VERSION:
+        return {}, []
+    return record["ms"], list(record.get("held", ()))
 
 
 def _say_llama_cpp_missing() -> None:
@@ -356,6 +385,10 @@ def forms_in_use() -> dict[str, str]:
         precision = record["precision"]
         if precision != GGUF:
             used[folder(record["model"], parts[1], precision)] = f"the target here (precision auto chose {precision})"
+        for held in record.get("held", ()):
+            if held != GGUF:
+                used[folder(record["model"], parts[1], held)] = (f"the target here for the requests it serves sooner "
+                                                                 f"(held beside {precision})")
         draft = drafters.get(record["model"])
         share = drafter_share(record["model"], draft, precision)
         if draft in BUILTIN_MODELS and drafts_can_pay(record["ms"][precision], share):
@@ -395,6 +428,12 @@ def choose_batch(backend, model, context: int = 64, repeats: int = 5) -> int:
     choice = min(n for n in sizes if rate[n] >= BATCH_NEAR_BEST * max(rate.values()))
     _record(key, {"model": model.name, "max_batch": choice, "ms": {str(n): round(ms[n], 1) for n in sizes}})
     return choice
+
+
+def recorded_batch(model) -> int | None:
+    """The batch ``choose_batch`` recorded for ``model`` on this machine, if it ran (on llama.cpp)."""
+    record = load_records().get(f"{machine_id()}|{model.key}|batch")
+    return record["max_batch"] if record is not None and record.get("version") == RECORD_VERSION else None
 
 
 def describe(costs: dict[str, dict]) -> str:

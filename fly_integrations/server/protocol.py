@@ -163,7 +163,8 @@ def fly_stats(result, mode: str) -> dict[str, Any]:
     """fly's own figures, in an extra field beside OpenAI's usage."""
     s = result.stats
     return {"mode": mode, "mean_accepted": s.mean_accepted, "fly_forgiven": s.fly_forgiven,
-            "cached_tokens": s.cached_tokens, "tokens_per_second": s.tokens_per_second, "draft_model": result.draft_model}
+            "cached_tokens": s.cached_tokens, "tokens_per_second": s.tokens_per_second, "draft_model": result.draft_model,
+            "target_form": result.form}
 
 
 def finish_reason(result, calls: bool = False) -> str:

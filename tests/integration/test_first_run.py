@@ -69,7 +69,8 @@ def test_the_first_answer_keeps_only_what_it_runs_and_fits_a_laptop(tmp_path):
     drafter_files = [f for f in files if DEFAULT_DRAFT in str(f)]
     assert bool(drafter_files) == drafts_can_pay(record["ms"][choice], drafter_share(DEFAULT_TARGET, DEFAULT_DRAFT, choice))
     graphs = {f.parts[1] for f in files if f.parts[0] == "onnx" and DEFAULT_DRAFT not in str(f)}
-    assert len(graphs) == (choice != "gguf") and all("-int4-" in g for g in graphs)
+    # the int4 graph where it serves: chosen, or held beside the GGUF for the requests it finishes sooner
+    assert len(graphs) == (choice != "gguf" or "int4" in record["held"]) and all("-int4-" in g for g in graphs)
     target_bytes = sum((root / f).stat().st_size for f in files if DEFAULT_DRAFT not in str(f))
     assert target_bytes < 2.5 * BUILTIN_MODELS[DEFAULT_TARGET].size  # the GGUF and at most one graph of it
 

@@ -12,6 +12,7 @@ from fly_runtime.tuning import (
     describe,
     drafter_share,
     drafts_can_pay,
+    held_forms,
     machine_candidates,
     machine_id,
     pick,
@@ -131,6 +132,33 @@ def test_a_graph_written_only_to_be_timed_stays_only_if_chosen(monkeypatch, tmp_
     assert sorted(record["ms"]) == ["gguf", "int4"] and record["candidates"] == ["gguf", "int4"]
     monkeypatch.setattr("fly_runtime.backends.registry.open_target", lambda m, p, **kw: pytest.fail(f"opened {p}"))
     assert tuning.choose_precision(model, candidates=("gguf", "int4")) == choice  # kept: nothing opened again
+
+
+# each wins something: llama.cpp steps faster, the graph reads faster (and llama.cpp wins a typical turn)
+SPLIT = {"gguf": {"1": 40.0, "9": 360.0, "64": 1344.0}, "int4": {"1": 80.0, "9": 200.0, "64": 1200.0}}
+
+
+def test_a_form_that_steps_or_reads_faster_is_held_beside_the_chosen_one():
+    assert pick(SPLIT) == "gguf" and held_forms(SPLIT, "gguf") == ["int4"]  # reads 11% faster
+    assert held_forms(SPLIT, "int4") == ["gguf"]  # steps twice as fast
+    slower = {"gguf": SPLIT["gguf"], "int4": {"1": 41.0, "9": 200.0, "64": 1300.0}}  # within 10% on both
+    assert held_forms(slower, "gguf") == []
+    unfaithful = {"gguf": SPLIT["gguf"], "int4": {**SPLIT["int4"], "agreement": AGREEMENT_FLOOR - 0.01}}
+    assert held_forms(unfaithful, "gguf") == []  # not the model: never served
+    assert held_forms({**SPLIT, "fp32": {"1": 20.0, "9": 30.0, "64": 200.0}}, "gguf") == ["int4"]  # fp32: too big
+
+
+def test_a_graph_written_to_be_timed_stays_where_it_is_held(monkeypatch, tmp_path):
+    monkeypatch.setenv("FLY_CACHE_DIR", str(tmp_path))
+    folder = tmp_path / "onnx" / "m-int4"
+    model = SimpleNamespace(key="k" * 16, name="m", gguf="model.gguf", graph_folder=lambda p: folder,
+                            has_graph=lambda p: (folder / "model.onnx").is_file(), on_own_grid=lambda p: True,
+                            build_onnx=lambda p: (folder.mkdir(parents=True), (folder / "model.onnx").write_text("g")))
+    monkeypatch.setattr("fly_runtime.backends.registry.open_target", lambda m, p, **kw: SimpleNamespace(form=p))
+    monkeypatch.setattr(tuning, "measure", lambda backend, **kw: dict(SPLIT[backend.form], row_delta=0.0))
+    assert tuning.choose_precision(model, tokenizer=object(), candidates=("gguf", "int4")) == "gguf"
+    assert model.has_graph("int4")  # not chosen, but held: kept
+    assert tuning.recorded_forms(model) == (tuning.recorded_precision(model.key)["ms"], ["int4"])
 
 
 def test_machine_id_names_the_cpu_and_its_vector_units():

@@ -1,0 +1,109 @@
+"""Which form of the target serves a request, where the engine holds more than one (docs/design.md, "Each
+request on its form").
+
+On a CPU no single form of a model is fastest for every request: llama.cpp on the GGUF steps fastest but
+verifies a drafted token for about a step (so drafts never pay there), while an ONNX Runtime graph of the same
+weights reads prompts faster and verifies a row for a fifth of a step (so prompt lookup, grammar tokens and suffix
+drafts pay there). A request's cost on a form is predicted as
+
+    tokens it must read there (past that form's prompt cache) x the form's read price
+    + the reply's expected length x the form's price per written token for this kind of request
+
+and the request goes to the cheapest. The price per written token starts from the timed passes (a step, over the
+speed-up free drafts reach) and is then learned per form and kind from the requests the form served; the reply's
+expected length is learned per kind. A form not open yet is opened once the time it would have saved the requests
+served elsewhere adds up to what opening it costs (the ski-rental rule: a one-off request never pays for a second
+form, a steady stream of requests it suits does). Pure bookkeeping: no backend is touched here.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from fly_runtime.adaptive import CostProfile
+
+# what a request is, for the prices learned: replies under a grammar (JSON schema, a forced call), replies that may
+# call tools (their calls copy names and arguments from the prompt), free text, and plain decoding (mode ar)
+KINDS = ("structured", "tools", "text", "plain")
+# how often a free draft (prompt lookup, grammar) survives in each kind before anything is learned: a call or a
+# JSON object copies its prompt's names and values; free text copies it less; plain decoding drafts nothing
+PRIOR_SURVIVAL = {"structured": 0.6, "tools": 0.6, "text": 0.3, "plain": 0.0}
+PRIOR_REPLY = 100  # tokens a reply is expected to hold before any was seen (an agent turn, a RAG answer)
+LEARN_RATE = 0.3  # weight of the latest request in the learned averages
+OPEN_SECONDS = 5.0  # what opening a form is priced at before one was opened here
+
+
+def request_kind(structured: bool, tools: bool) -> str:
+    return "structured" if structured else "tools" if tools else "text"
+
+
+@dataclass
+class FormPrices:
+    """A form's timed prices in seconds: a prompt token read, a one-token step, a verified row past the first."""
+
+    read: float
+    step: float
+    row: float
+
+    @classmethod
+    def of(cls, ms: dict, read_tokens: int = 64) -> "FormPrices":
+        """From tuning's pass milliseconds ("1", "9", and the prompt read of ``read_tokens``)."""
+        step = ms["1"] / 1000
+        read = ms[str(read_tokens)] / 1000 / read_tokens if str(read_tokens) in ms else ms["9"] / 9000
+        return cls(read=read, step=step, row=max(0.0, ms["9"] / 1000 - step) / 8)
+
+    def written(self, kind: str) -> float:
+        """Seconds per written token before any reply was seen: a step over what free drafts gain here."""
+        profile = CostProfile(self.step, self.row, 0.0)
+        return self.step / max(1.0, profile.best_speedup(PRIOR_SURVIVAL[kind], by_model=False))
+
+
+@dataclass
+class Router:
+    """Predicts each form's cost for a request and learns from the requests served."""
+
+    prices: dict[str, FormPrices]
+    open_seconds: float = OPEN_SECONDS
+    _written: dict[tuple[str, str], float] = field(default_factory=dict)  # (form, kind) -> seconds per token
+    _reply: dict[str, float] = field(default_factory=dict)  # kind -> tokens
+    _missed: dict[str, float] = field(default_factory=dict)  # form not open -> seconds it would have saved so far
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def predict(self, form: str, kind: str, unread: int, max_new_tokens: int) -> float:
+        """Seconds ``form`` would take for a request of ``kind`` with ``unread`` prompt tokens to read there."""
+        price = self.prices[form]
+        reply = min(max_new_tokens, self._reply.get(kind, PRIOR_REPLY))
+        written = self._written.get((form, kind), price.written(kind))
+        return unread * price.read + reply * written
+
+    def choose(self, kind: str, unread: dict[str, int], max_new_tokens: int, open_forms: set[str]) -> str:
+        """The form that serves the request soonest; ``unread``: the prompt tokens each form must still read
+        (only the forms that can hold the request). A form not open yet is chosen once the requests it would
+        have served sooner add up to what opening it costs."""
+        with self._lock:
+            cost = {f: self.predict(f, kind, unread[f], max_new_tokens) for f in unread}
+            best = min(cost, key=cost.__getitem__)
+            held = [f for f in cost if f in open_forms]
+            if best in open_forms or not held:
+                return best
+            fallback = min(held, key=cost.__getitem__)
+            self._missed[best] = self._missed.get(best, 0.0) + cost[fallback] - cost[best]
+            return best if self._missed[best] >= self.open_seconds else fallback
+
+    def record(self, form: str, kind: str, new_tokens: int, write_seconds: float, stopped: bool) -> None:
+        """A request ``form`` served wrote ``new_tokens`` in ``write_seconds`` (its prompt read apart); a reply that
+        ended by itself (``stopped``, not cut by max_new_tokens) also teaches the reply length."""
+        if new_tokens <= 1:
+            return
+        with self._lock:
+            per_token = write_seconds / new_tokens
+            key = (form, kind)
+            self._written[key] = per_token if key not in self._written else \
+                (1 - LEARN_RATE) * self._written[key] + LEARN_RATE * per_token
+            if stopped:
+                self._reply[kind] = (1 - LEARN_RATE) * self._reply.get(kind, PRIOR_REPLY) + LEARN_RATE * new_tokens
+
+    def opened(self, seconds: float) -> None:
+        """A form took ``seconds`` to open: what the next one is priced at."""
+        self.open_seconds = seconds

@@ -1,0 +1,115 @@
+"""Each request on the form of the target that finishes it soonest: the router's prices (pure), and the engine
+serving requests on two forms, the second opened on its first request."""
+
+import torch
+
+from fly_runtime import GenerationConfig
+from fly_runtime.backends.base import CachedSequence
+from fly_runtime.drafters import NgramDrafter
+from fly_runtime.engine import FlyEngine, TargetForm
+from fly_runtime.routing import FormPrices, Router
+
+# as timed on a 2-vCPU AVX-512 EPYC (ms): llama.cpp steps faster, the int4 graph reads faster and verifies cheaply
+GGUF_MS = {"1": 45.0, "9": 360.0, "64": 1740.0}
+INT4_MS = {"1": 65.0, "9": 190.0, "64": 1320.0}
+
+
+def router(open_seconds: float = 5.0) -> Router:
+    return Router({"gguf": FormPrices.of(GGUF_MS), "int4": FormPrices.of(INT4_MS)}, open_seconds)
+
+
+def test_prices_from_the_timed_passes():
+    p = FormPrices.of(INT4_MS)
+    assert (p.step, p.read) == (0.065, 1.32 / 64) and abs(p.row - (0.190 - 0.065) / 8) < 1e-12
+    assert FormPrices.of({"1": 40.0, "9": 90.0}).read == 0.01  # no timed read: nine-token passes
+    gguf = FormPrices.of(GGUF_MS)
+    assert gguf.written("text") == gguf.step  # rows as dear as steps: drafts never pay there
+    assert p.written("plain") == p.step and p.written("tools") < p.written("text") < p.step  # cheap rows: they do
+
+
+def test_a_long_read_goes_to_the_faster_reader_and_a_long_free_reply_to_the_faster_stepper():
+    r, both = router(), {"gguf", "int4"}
+    assert r.choose("tools", {"gguf": 2000, "int4": 2000}, 60, both) == "int4"  # a RAG prompt, a short reply
+    assert r.choose("plain", {"gguf": 40, "int4": 40}, 500, both) == "gguf"  # plain decoding of a long reply
+    # what a form holds cached it need not read again: a conversation stays where its history is
+    assert r.choose("tools", {"gguf": 30, "int4": 2000}, 60, both) == "gguf"
+    # a form not open yet opens once the requests it would have served sooner saved what opening costs (5 s)
+    assert [r.choose("plain", {"gguf": 40, "int4": 40}, 100, {"int4"}) for _ in range(3)] == ["int4", "int4", "gguf"]
+    assert r.choose("tools", {"gguf": 300, "int4": 300}, 60, {"gguf"}) == "gguf"  # saves 1.7 s: not yet
+    assert r.choose("tools", {"gguf": 2000, "int4": 2000}, 60, {"gguf"}) == "int4"  # a long read saves 13 s
+
+
+def test_learned_prices_move_the_choice():
+    r, both = router(), {"gguf", "int4"}
+    assert r.choose("text", {"gguf": 50, "int4": 50}, 256, both) == "gguf"
+    for _ in range(3):  # replies of this kind came out at 3.5 tokens a pass on the graph: 19 ms a token
+        r.record("int4", "text", 200, 200 * 0.019, stopped=True)
+    assert r.choose("text", {"gguf": 50, "int4": 50}, 256, both) == "int4"
+    r.record("gguf", "text", 1, 0.04, stopped=True)  # a one-token reply teaches nothing
+    assert ("gguf", "text") not in r._written
+    # replies that end by themselves teach how long one runs; cut ones do not
+    r.record("int4", "tools", 30, 1.0, stopped=True)
+    r.record("int4", "tools", 500, 10.0, stopped=False)
+    assert abs(r._reply["tools"] - (0.7 * 100 + 0.3 * 30)) < 1e-9
+
+
+class CountingLM:
+    """The next id up, whatever came before; records the ids it reads."""
+
+    name = "counting"
+
+    def __init__(self, vocab: int, max_context: int = 4096) -> None:
+        self.vocab, self.max_context, self.read = vocab, max_context, []
+
+    def forward(self, ids, keep=None):
+        self.read.extend(ids)
+        rows = torch.zeros(len(ids), self.vocab)
+        rows[torch.arange(len(ids)), (torch.tensor(list(ids)) + 1) % self.vocab] = 5.0
+        return rows[-(keep or len(ids)):]
+
+    def crop(self, length: int) -> None:
+        pass
+
+
+def two_forms(tokenizer, gguf_context: int = 4096):
+    graph, opened = CountingLM(len(tokenizer)), []
+
+    def opener() -> CachedSequence:
+        backend = CountingLM(len(tokenizer), gguf_context)
+        opened.append(backend)
+        return CachedSequence(backend)
+
+    engine = FlyEngine(CachedSequence(graph), tokenizer, NgramDrafter(), vocab_size=len(tokenizer), eos_token_ids=[0],
+                       max_context=4096, form="int4", alternates=[TargetForm("gguf", gguf_context, opener=opener)],
+                       router=router(open_seconds=0.0))  # opened for the first request it suits
+    return engine, graph, opened
+
+
+def test_the_engine_serves_each_request_on_the_routed_form_opening_it_once(tokenizer):
+    engine, graph, opened = two_forms(tokenizer)
+    long_reply = GenerationConfig(mode="ar", max_new_tokens=300)
+    first = engine.generate([5, 6, 7], long_reply)  # plain decoding: the faster stepper, opened for it
+    assert first.form == "gguf" and len(opened) == 1 and graph.read == []
+    assert first.token_ids == list(range(8, 308))
+    second = engine.generate(list(range(10, 1010)), GenerationConfig(mode="exact", k=4, max_new_tokens=8))
+    assert second.form == "int4" and len(graph.read) > 0  # a long read: the faster reader
+    third = engine.generate([5, 6, 7, 8, 9], long_reply)  # its start is cached on gguf only
+    assert third.form == "gguf" and third.stats.cached_tokens > 0 and len(opened) == 1
+    assert engine.max_context == 4096
+
+
+def test_a_request_too_long_for_a_form_goes_to_one_that_holds_it(tokenizer):
+    engine, graph, opened = two_forms(tokenizer, gguf_context=512)
+    ends_at_once = [5, 6, len(tokenizer) - 1]  # the next id is 0, the end: a reply that teaches no price
+    assert engine.generate(ends_at_once, GenerationConfig(mode="ar", max_new_tokens=600)).form == "int4"
+    assert opened == []  # never opened: it could not hold the request
+    assert engine.generate([5, 6, 7], GenerationConfig(mode="ar", max_new_tokens=400)).form == "gguf"
+    engine.clear_cache()  # every open form's cache
+    assert all(len(s) == 0 for f in engine.forms for s in f.slots.sequences)
+
+
+def test_an_engine_of_one_form_serves_every_request_there(tokenizer):
+    engine = FlyEngine(CachedSequence(CountingLM(len(tokenizer))), tokenizer, NgramDrafter(),
+                       vocab_size=len(tokenizer), eos_token_ids=[0], max_context=4096)
+    result = engine.generate([5, 6], GenerationConfig(mode="ar", max_new_tokens=4))
+    assert engine.router is None and result.form is None and result.token_ids == [7, 8, 9, 10]
