@@ -347,7 +347,8 @@ class FlyEngine:
         if self.router is not None:
             stream.result.form = request.form.name
             self.router.record(request.form.name, request.kind, stream.result.stats.new_tokens,
-                               time.perf_counter() - request.writing_since, stream.result.finish_reason == "stop")
+                               time.perf_counter() - request.writing_since, stream.result.finish_reason == "stop",
+                               request.read)
 
     def _start(self, prompt: list[int], config: GenerationConfig, target: CachedSequence, start: float,
                form: TargetForm) -> _Request:
@@ -378,10 +379,11 @@ class FlyEngine:
         began = time.perf_counter()
         logits = self._read_prompt(target, unread, request.deadline)
         read = len(target) - stats.cached_tokens  # less than unread where the timeout cut it short
-        if read:
-            self._learn_prefill(read, time.perf_counter() - began, learned)
-        stats.target_forwards += 1
         request.writing_since = time.perf_counter()
+        request.read = (read, request.writing_since - began)
+        if read:
+            self._learn_prefill(read, request.read[1], learned)
+        stats.target_forwards += 1
         request.proposer = Proposer(request.config, self.drafter, self.lookup if request.config.ngram else None,
                                     self.lookup is not None, learned, request.sampler)
         # a prompt read cut short by the timeout yields no token: the first commit ends the request
@@ -511,6 +513,7 @@ class _Request:
         self.form: TargetForm  # the form of the target serving it
         self.kind = "text"  # what the request is, for the router's prices (routing.KINDS)
         self.writing_since = start  # when the prompt was read and the reply began
+        self.read = (0, 0.0)  # prompt tokens read (past the cache) and the seconds that took
         self.constraint: JsonConstraint | None = None  # the grammar a structured reply follows
         self.penalties: Penalties | None = None  # repetition, frequency and presence penalties, where asked for
 

@@ -10,8 +10,9 @@ drafts pay there). A request's cost on a form is predicted as
     + the reply's expected length x the form's price per written token for this kind of request
 
 and the request goes to the cheapest. The price per written token starts from the timed passes (a step, over the
-speed-up free drafts reach) and is then learned per form and kind from the requests the form served; the reply's
-expected length is learned per kind. A form not open yet is opened once the time it would have saved the requests
+speed-up free drafts reach) and is then learned per form and kind from the requests the form served; the read
+price from the form's own prompt reads (a long read costs less a token than the 64-token pass timed: llama.cpp
+read 250-token tool prompts at 14 ms a token against 22 timed); the reply's expected length is learned per kind. A form not open yet is opened once the time it would have saved the requests
 served elsewhere adds up to what opening it costs (the ski-rental rule: a one-off request never pays for a second
 form, a steady stream of requests it suits does). Pure bookkeeping: no backend is touched here.
 """
@@ -31,6 +32,7 @@ KINDS = ("structured", "tools", "text", "plain")
 PRIOR_SURVIVAL = {"structured": 0.6, "tools": 0.6, "text": 0.3, "plain": 0.0}
 PRIOR_REPLY = 100  # tokens a reply is expected to hold before any was seen (an agent turn, a RAG answer)
 LEARN_RATE = 0.3  # weight of the latest request in the learned averages
+MIN_READ = 64  # prompt tokens a read must hold to price reading (a short one measures a call's overhead)
 OPEN_SECONDS = 5.0  # what opening a form is priced at before one was opened here
 
 
@@ -66,6 +68,7 @@ class Router:
     prices: dict[str, FormPrices]
     open_seconds: float = OPEN_SECONDS
     _written: dict[tuple[str, str], float] = field(default_factory=dict)  # (form, kind) -> seconds per token
+    _read: dict[str, float] = field(default_factory=dict)  # form -> seconds per prompt token
     _reply: dict[str, float] = field(default_factory=dict)  # kind -> tokens
     _missed: dict[str, float] = field(default_factory=dict)  # form not open -> seconds it would have saved so far
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -75,7 +78,7 @@ class Router:
         price = self.prices[form]
         reply = min(max_new_tokens, self._reply.get(kind, PRIOR_REPLY))
         written = self._written.get((form, kind), price.written(kind))
-        return unread * price.read + reply * written
+        return unread * self._read.get(form, price.read) + reply * written
 
     def choose(self, kind: str, unread: dict[str, int], max_new_tokens: int, open_forms: set[str]) -> str:
         """The form that serves the request soonest; ``unread``: the prompt tokens each form must still read
@@ -91,9 +94,17 @@ class Router:
             self._missed[best] = self._missed.get(best, 0.0) + cost[fallback] - cost[best]
             return best if self._missed[best] >= self.open_seconds else fallback
 
-    def record(self, form: str, kind: str, new_tokens: int, write_seconds: float, stopped: bool) -> None:
-        """A request ``form`` served wrote ``new_tokens`` in ``write_seconds`` (its prompt read apart); a reply that
-        ended by itself (``stopped``, not cut by max_new_tokens) also teaches the reply length."""
+    def record(self, form: str, kind: str, new_tokens: int, write_seconds: float, stopped: bool,
+               read: tuple[int, float] = (0, 0.0)) -> None:
+        """A request ``form`` served read ``read`` = (tokens, seconds) of its prompt, then wrote ``new_tokens`` in
+        ``write_seconds``; a reply that ended by itself (``stopped``, not cut by max_new_tokens) also teaches the
+        reply length."""
+        with self._lock:
+            tokens, seconds = read
+            if tokens >= MIN_READ:
+                per_token = seconds / tokens
+                self._read[form] = per_token if form not in self._read else \
+                    (1 - LEARN_RATE) * self._read[form] + LEARN_RATE * per_token
         if new_tokens <= 1:
             return
         with self._lock:

@@ -113,3 +113,12 @@ def test_an_engine_of_one_form_serves_every_request_there(tokenizer):
                        vocab_size=len(tokenizer), eos_token_ids=[0], max_context=4096)
     result = engine.generate([5, 6], GenerationConfig(mode="ar", max_new_tokens=4))
     assert engine.router is None and result.form is None and result.token_ids == [7, 8, 9, 10]
+
+
+def test_the_read_price_is_learned_from_long_reads_only():
+    r = router()
+    r.record("gguf", "tools", 40, 1.8, stopped=True, read=(250, 250 * 0.014))  # llama.cpp reads long prompts faster
+    assert abs(r._read["gguf"] - 0.014) < 1e-12
+    r.record("gguf", "tools", 40, 1.8, stopped=True, read=(20, 1.0))  # a short read prices a call, not reading
+    assert abs(r._read["gguf"] - 0.014) < 1e-12
+    assert r.choose("plain", {"gguf": 2000, "int4": 2000}, 10, {"gguf", "int4"}) == "gguf"  # now the faster reader
