@@ -103,16 +103,21 @@ def test_a_record_of_other_candidates_is_timed_again(monkeypatch, tmp_path):
     assert tuning.recorded_precision(model.key)["candidates"] == ["gguf"]
 
 
+def _gguf_model(monkeypatch, tmp_path) -> SimpleNamespace:
+    """A GGUF model whose int4 graph is not written yet (writing it makes a folder in a fresh cache)."""
+    monkeypatch.setenv("FLY_CACHE_DIR", str(tmp_path))
+    folder = tmp_path / "onnx" / "m-int4"
+    return SimpleNamespace(key="k" * 16, name="m", gguf="model.gguf", graph_folder=lambda p: folder,
+                           has_graph=lambda p: (folder / "model.onnx").is_file(), on_own_grid=lambda p: True,
+                           build_onnx=lambda p: (folder.mkdir(parents=True), (folder / "model.onnx").write_text("g")))
+
+
 @pytest.mark.parametrize("graph_wins", [True, False])
 def test_a_graph_written_only_to_be_timed_stays_only_if_chosen(monkeypatch, tmp_path, graph_wins):
     """The int4 graph written from the GGUF for the comparison is timed one form at a time, not checked against a
     reference (it is on the file's own grid), and deleted where the GGUF wins; the record keeps both timings, so
     the choice is not made again."""
-    monkeypatch.setenv("FLY_CACHE_DIR", str(tmp_path))
-    folder = tmp_path / "onnx" / "m-int4"
-    model = SimpleNamespace(key="k" * 16, name="m", gguf="model.gguf", graph_folder=lambda p: folder,
-                            has_graph=lambda p: (folder / "model.onnx").is_file(), on_own_grid=lambda p: True,
-                            build_onnx=lambda p: (folder.mkdir(parents=True), (folder / "model.onnx").write_text("g")))
+    model = _gguf_model(monkeypatch, tmp_path)
     open_now: list[str] = []
 
     def open_target(m, p, **kw):
@@ -149,11 +154,7 @@ def test_a_form_that_steps_or_reads_faster_is_held_beside_the_chosen_one():
 
 
 def test_a_graph_written_to_be_timed_stays_where_it_is_held(monkeypatch, tmp_path):
-    monkeypatch.setenv("FLY_CACHE_DIR", str(tmp_path))
-    folder = tmp_path / "onnx" / "m-int4"
-    model = SimpleNamespace(key="k" * 16, name="m", gguf="model.gguf", graph_folder=lambda p: folder,
-                            has_graph=lambda p: (folder / "model.onnx").is_file(), on_own_grid=lambda p: True,
-                            build_onnx=lambda p: (folder.mkdir(parents=True), (folder / "model.onnx").write_text("g")))
+    model = _gguf_model(monkeypatch, tmp_path)
     monkeypatch.setattr("fly_runtime.backends.registry.open_target", lambda m, p, **kw: SimpleNamespace(form=p))
     monkeypatch.setattr(tuning, "measure", lambda backend, **kw: dict(SPLIT[backend.form], row_delta=0.0))
     assert tuning.choose_precision(model, tokenizer=object(), candidates=("gguf", "int4")) == "gguf"
