@@ -316,7 +316,8 @@ class FlyEngine:
         stays on the first form, so that it repeats itself exactly (forms round differently)."""
         if self.router is None or config.seed is not None:
             return self.forms[0]
-        fits = [f for f in self.forms if f.max_context >= len(prompt) + config.max_new_tokens] or self.forms[:1]
+        need = len(prompt) + config.max_new_tokens + Slots.DRAFT_ROOM  # what Slots.take reserves
+        fits = [f for f in self.forms if f.max_context >= need] or self.forms[:1]
         unread = {f.name: len(prompt) - (f.slots.cached(prompt) if f.slots is not None else 0) for f in fits}
         name = self.router.choose(_kind(config), unread, config.max_new_tokens, {f.name for f in fits if f.slots is not None})
         form = next(f for f in fits if f.name == name)
