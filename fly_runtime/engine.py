@@ -319,7 +319,8 @@ class FlyEngine:
         need = len(prompt) + config.max_new_tokens + Slots.DRAFT_ROOM  # what Slots.take reserves
         fits = [f for f in self.forms if f.max_context >= need] or self.forms[:1]
         unread = {f.name: len(prompt) - (f.slots.cached(prompt) if f.slots is not None else 0) for f in fits}
-        name = self.router.choose(_kind(config), unread, config.max_new_tokens, {f.name for f in fits if f.slots is not None})
+        opened = {f.name for f in fits if f.slots is not None}
+        name = self.router.choose(_kind(config), unread, config.max_new_tokens, opened)
         form = next(f for f in fits if f.name == name)
         if form.slots is None:
             with self._opening:

@@ -12,9 +12,10 @@ drafts pay there). A request's cost on a form is predicted as
 and the request goes to the cheapest. The price per written token starts from the timed passes (a step, over the
 speed-up free drafts reach) and is then learned per form and kind from the requests the form served; the read
 price from the form's own prompt reads (a long read costs less a token than the 64-token pass timed: llama.cpp
-read 250-token tool prompts at 14 ms a token against 22 timed); the reply's expected length is learned per kind. A form not open yet is opened once the time it would have saved the requests
-served elsewhere adds up to what opening it costs (the ski-rental rule: a one-off request never pays for a second
-form, a steady stream of requests it suits does). Pure bookkeeping: no backend is touched here.
+read 250-token tool prompts at 14 ms a token against 22 timed); the reply's expected length is learned per kind.
+A form not open yet is opened once the time it would have saved the requests served elsewhere adds up to what
+opening it costs (the ski-rental rule: a one-off request never pays for a second form, a steady stream of
+requests it suits does). Pure bookkeeping: no backend is touched here.
 """
 
 from __future__ import annotations
@@ -99,22 +100,21 @@ class Router:
         """A request ``form`` served read ``read`` = (tokens, seconds) of its prompt, then wrote ``new_tokens`` in
         ``write_seconds``; a reply that ended by itself (``stopped``, not cut by max_new_tokens) also teaches the
         reply length."""
+        tokens, seconds = read
         with self._lock:
-            tokens, seconds = read
             if tokens >= MIN_READ:
-                per_token = seconds / tokens
-                self._read[form] = per_token if form not in self._read else \
-                    (1 - LEARN_RATE) * self._read[form] + LEARN_RATE * per_token
-        if new_tokens <= 1:
-            return
-        with self._lock:
-            per_token = write_seconds / new_tokens
-            key = (form, kind)
-            self._written[key] = per_token if key not in self._written else \
-                (1 - LEARN_RATE) * self._written[key] + LEARN_RATE * per_token
-            if stopped:
-                self._reply[kind] = (1 - LEARN_RATE) * self._reply.get(kind, PRIOR_REPLY) + LEARN_RATE * new_tokens
+                _learn(self._read, form, seconds / tokens)
+            if new_tokens > 1:  # a one-token reply is all prompt read and overhead
+                _learn(self._written, (form, kind), write_seconds / new_tokens)
+                if stopped:
+                    _learn(self._reply, kind, new_tokens, PRIOR_REPLY)
 
     def opened(self, seconds: float) -> None:
         """A form took ``seconds`` to open: what the next one is priced at."""
         self.open_seconds = seconds
+
+
+def _learn(averages: dict, key, value: float, prior: float | None = None) -> None:
+    """Move ``averages[key]`` toward ``value`` by ``LEARN_RATE`` (the first value, or from ``prior``, where none)."""
+    old = averages.get(key, prior)
+    averages[key] = value if old is None else (1 - LEARN_RATE) * old + LEARN_RATE * value
