@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tools import tool
 from pydantic import PrivateAttr
 
+from fly_integrations.bench_tools import ToolTurns
 from fly_integrations.langchain import FlyChatModel
-from fly_integrations.params import adapter_name
-from fly_runtime import FlyEngine, GenerationConfig, ModelSettings
+from fly_runtime import GenerationConfig
 from fly_runtime.bench.runner import LLAMA_CPP, ModeSpec
 from fly_runtime.bench.suites import Task
-from fly_runtime.config import REQUEST_SETTINGS
 from fly_runtime.engine import GenerationResult, GenerationStats, GenerationStream
 from fly_runtime.errors import FlyError
 from fly_runtime.loader import get_engine
@@ -219,15 +218,12 @@ class LlamaCppChatModel(FlyChatModel):
         return self._peer
 
 
-class AgentTurns:
+class AgentTurns(ToolTurns):
     """``fly bench --suite agent``: each task of ``TASKS`` through ``create_agent`` in each mode, the whole
     conversation timed (every model call, the tools' instants between them). Each task starts from empty caches;
     within it, each decoder reuses the prefix its last call left (fly's engine its prompt cache, llama.cpp its
-    own), as an agent's turns resend the conversation. Registered as the ``fly.bench`` entry point ``agent``."""
-
-    def __init__(self, engine: FlyEngine, settings: ModelSettings, base: GenerationConfig, llama=None) -> None:
-        self.engine, self.settings, self.base, self.llama = engine, settings, base, llama
-        self.models: dict[str, FlyChatModel] = {}
+    own), as an agent's turns resend the conversation. Registered as the ``fly.bench`` entry point ``agent``; the
+    fly modes' models are the tools suite's."""
 
     @staticmethod
     def tasks() -> list[Task]:
@@ -255,21 +251,15 @@ class AgentTurns:
                 "right": out["right"], "tool_calls": out["tool_calls"], "text": out["reply"] or ""}
 
     def _model(self, spec: ModeSpec) -> FlyChatModel:
-        if spec.label in self.models:
-            return self.models[spec.label]
-        s = self.settings
-        if spec.mode == LLAMA_CPP:
+        if spec.mode in ("ar", "exact", "fly"):
+            return super()._model(spec)
+        if spec.mode != LLAMA_CPP:
+            raise FlyError(f"the agent suite runs ar, exact, fly and llama-cpp, not {spec.mode}")
+        if spec.label not in self.models:
             if self.llama is None:
                 raise FlyError("the llama-cpp mode needs the target's GGUF")
-            model: FlyChatModel = LlamaCppChatModel(target=s.target, draft=None, mode="ar",
-                                                    max_tokens=self.base.max_new_tokens)
-            model._peer = _LlamaCppEngine(self.llama.llm, self.engine.tokenizer, set(self.engine.eos_token_ids))
-        elif spec.mode in ("ar", "exact", "fly"):
-            config = replace(self.base, mode=spec.mode, k=spec.k)
-            settings = {adapter_name(name): getattr(config, name) for name in REQUEST_SETTINGS}
-            model = FlyChatModel(target=s.target, draft=s.draft, backend=s.backend, device=s.device,
-                                 precision=spec.precision or s.precision, **settings)
-        else:
-            raise FlyError(f"the agent suite runs ar, exact, fly and llama-cpp, not {spec.mode}")
-        self.models[spec.label] = model
-        return model
+            peer = LlamaCppChatModel(target=self.settings.target, draft=None, mode="ar",
+                                     max_tokens=self.base.max_new_tokens)
+            peer._peer = _LlamaCppEngine(self.llama.llm, self.engine.tokenizer, set(self.engine.eos_token_ids))
+            self.models[spec.label] = peer
+        return self.models[spec.label]

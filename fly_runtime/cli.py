@@ -146,13 +146,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _suite_runner(suite: str, *args):
-    """The runner of a suite whose turns go through an integration (registered as a ``fly.bench`` entry point:
-    the tools suite calls LangChain's bind_tools), else None."""
-    from importlib.metadata import entry_points
+    """The runner of a suite whose turns go through an integration (suites.registered_runner), else None."""
+    from fly_runtime.bench.suites import registered_runner
 
-    for found in entry_points(group="fly.bench", name=suite):
-        return found.load()(*args)
-    return None
+    runner = registered_runner(suite)
+    return runner(*args) if runner is not None else None
 
 
 def cmd_models(args: argparse.Namespace) -> int:

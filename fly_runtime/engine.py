@@ -320,7 +320,7 @@ class FlyEngine:
         fits = [f for f in self.forms if f.max_context >= need] or self.forms[:1]
         unread = {f.name: len(prompt) - (f.slots.cached(prompt) if f.slots is not None else 0) for f in fits}
         opened = {f.name for f in fits if f.slots is not None}
-        name = self.router.choose(_kind(config), unread, config.max_new_tokens, opened)
+        name = self.router.choose(request_kind(config), unread, config.max_new_tokens, opened)
         form = next(f for f in fits if f.name == name)
         if form.slots is None:
             with self._opening:
@@ -361,7 +361,7 @@ class FlyEngine:
                           config.min_p)
         request = _Request(prompt, config, sampler, self._verification(config, prompt),
                            StopTextStream(self.tokenizer, config.stop), self.eos_token_ids, start, self.draft_name)
-        request.target, request.form, request.kind = target, form, _kind(config)
+        request.target, request.form, request.kind = target, form, request_kind(config)
         request.penalties = Penalties.of(config, prompt, self.vocab_size)
         if config.json_schema is not None or config.grammar is not None:
             if self._grammar_tokenizer is None:
@@ -566,12 +566,6 @@ class _Request:
         assert self.finish is not None
         drafter = self.draft_name if self.config.mode != "ar" else None
         return GenerationResult(self.text.released, list(self.text.token_ids), self.finish, stats, drafter)
-
-
-def _kind(config: GenerationConfig) -> str:
-    """What the request is, for the router's prices (routing.KINDS)."""
-    structured = config.json_schema is not None or config.grammar is not None
-    return "plain" if config.mode == "ar" else request_kind(structured, bool(config.exact_spans))
 
 
 @contextmanager

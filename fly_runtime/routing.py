@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass, field
 
 from fly_runtime.adaptive import CostProfile
+from fly_runtime.config import GenerationConfig
 
 # what a request is, for the prices learned: replies under a grammar (JSON schema, a forced call), replies that may
 # call tools (their calls copy names and arguments from the prompt), free text, and plain decoding (mode ar)
@@ -37,8 +38,14 @@ MIN_READ = 64  # prompt tokens a read must hold to price reading (a short one me
 OPEN_SECONDS = 5.0  # what opening a form is priced at before one was opened here
 
 
-def request_kind(structured: bool, tools: bool) -> str:
-    return "structured" if structured else "tools" if tools else "text"
+def request_kind(config: GenerationConfig) -> str:
+    """What a request is, for the prices learned (``KINDS``): tool calls are the replies verified inside the tool
+    format's exact spans."""
+    if config.mode == "ar":
+        return "plain"
+    if config.json_schema is not None or config.grammar is not None:
+        return "structured"
+    return "tools" if config.exact_spans else "text"
 
 
 @dataclass
@@ -50,11 +57,12 @@ class FormPrices:
     row: float
 
     @classmethod
-    def of(cls, ms: dict, read_tokens: int = 64) -> "FormPrices":
-        """From tuning's pass milliseconds ("1", "9", and the prompt read of ``read_tokens``)."""
-        step = ms["1"] / 1000
-        read = ms[str(read_tokens)] / 1000 / read_tokens if str(read_tokens) in ms else ms["9"] / 9000
-        return cls(read=read, step=step, row=max(0.0, ms["9"] / 1000 - step) / 8)
+    def of(cls, ms: dict) -> "FormPrices":
+        """From tuning's pass milliseconds ("1", "9", and the timed prompt read), priced as tuning prices them."""
+        from fly_runtime.tuning import pass_prices, read_ms
+
+        prices = pass_prices(ms)
+        return cls(read=read_ms(ms) / 1000, step=prices.step, row=prices.row)
 
     def written(self, kind: str) -> float:
         """Seconds per written token before any reply was seen: a step over what free drafts gain here."""

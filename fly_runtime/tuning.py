@@ -215,10 +215,10 @@ def held_forms(costs: dict[str, dict], choice: str) -> list[str]:
     mine = costs[choice]
     return [p for p, c in costs.items()
             if p not in (choice, "fp32") and c.get("agreement", 1.0) >= AGREEMENT_FLOOR
-            and (c["1"] <= ROUTE_MARGIN * mine["1"] or _read_ms(c) <= ROUTE_MARGIN * _read_ms(mine))]
+            and (c["1"] <= ROUTE_MARGIN * mine["1"] or read_ms(c) <= ROUTE_MARGIN * read_ms(mine))]
 
 
-def _read_ms(ms: dict) -> float:
+def read_ms(ms: dict) -> float:
     """Milliseconds a prompt token takes to read: the timed prompt read, else nine-token passes."""
     return ms[str(READ_TOKENS)] / READ_TOKENS if str(READ_TOKENS) in ms else ms["9"] / 9
 
@@ -228,7 +228,7 @@ def turn_seconds(ms: dict) -> float:
     TURN_WRITE at the speed-up free drafts reach there (none where a verified row costs about a step). A record
     without a timed prompt read prices it as nine-token passes."""
     prices = pass_prices(ms)
-    read = _read_ms(ms)
+    read = read_ms(ms)
     speedup = max(1.0, prices.best_speedup(TURN_SURVIVAL, by_model=False))
     return (TURN_READ * read / 1000) + TURN_WRITE * prices.step / speedup
 

@@ -62,14 +62,22 @@ def load_tasks(suite: str, data_dir: Path | None, limit: int | None = None, per_
     return tasks[:limit] if limit is not None else tasks
 
 
-def _registered_tasks(suite: str) -> list[Task]:
-    """The tasks of a suite an integration defines with its runner (the ``fly.bench`` entry point: the agent suite's
-    tools are LangChain tools), which the runtime does not import."""
+def registered_runner(suite: str):
+    """The runner class an integration registers for a suite whose turns go through it (the ``fly.bench`` entry
+    point: the tools suite calls LangChain's bind_tools), which the runtime does not import; None if none is."""
     from importlib.metadata import entry_points
 
     for found in entry_points(group="fly.bench", name=suite):
-        return found.load().tasks()
-    raise ValueError(f"the {suite} suite needs fly_integrations installed (pip install -e .)")
+        return found.load()
+    return None
+
+
+def _registered_tasks(suite: str) -> list[Task]:
+    """The tasks of a suite an integration defines with its runner (the agent suite's tools are LangChain tools)."""
+    runner = registered_runner(suite)
+    if runner is None:
+        raise ValueError(f"the {suite} suite needs fly_integrations installed (pip install -e .)")
+    return runner.tasks()
 
 
 def _jsonl(path: Path) -> list[dict]:
