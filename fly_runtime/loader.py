@@ -44,8 +44,8 @@ class ModelSettings:
                                        f"{self.max_batch!r}")
 
 
-# cells of llama.cpp's cache where it is held beside a graph (allocated up front, unlike a graph's): longer requests
-# go to the graph
+# the most cells llama.cpp's cache grows to where it is held beside a graph, so that the second form's cache stays
+# small: longer requests go to the graph
 ROUTED_CONTEXT = 8192
 
 _engines: dict[ModelSettings, FlyEngine] = {}

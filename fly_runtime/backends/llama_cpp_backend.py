@@ -5,6 +5,11 @@ measurement), the target runs here: plain steps then cost what llama.cpp's do, a
 top of the fastest plain decoding instead of beside it. A pass computes logits only for the positions asked for
 (the last ``keep``), and a crop removes cached positions from llama.cpp's KV cache.
 
+The model is read into memory rather than mapped: llama.cpp repacks most matrices into a layout of its own, and a
+mapped file would keep their original pages resident beside the copies (0.6 GB more for the 1.5B). The cache's
+cells are allocated as they are needed, up to ``context``: a pool of ``START_CELLS`` that grows (doubling, the
+sequences' cells copied over) when a pass finds no room, so a short conversation does not hold a 32k-token cache.
+
 The cache holds several sequences (``sequences``) in one pool of cells, as llama-server's parallel slots do:
 ``forward_rows`` runs new tokens of several sequences in one pass (batched decoding, fly_runtime/batching.py),
 and ``share`` lets a sequence start from another's cached prefix without reading it again (the cells are
@@ -41,10 +46,11 @@ class KvCacheFull(FlyError):
 
 class LlamaCppBackend:
     BATCH = 512  # tokens per llama_decode call
+    START_CELLS = 4096  # the KV cache's first allocation (112 MiB for the 1.5B); it grows as passes need
 
     def __init__(self, gguf: Path, context: int = 0, threads: int | None = None, sequences: int = 1) -> None:
-        """``context``: cells the KV cache holds, for all sequences together (0: the model's trained context,
-        as one request may use it); ``sequences``: how many sequences it can hold at once."""
+        """``context``: the most cells the KV cache may grow to, for all sequences together (0: the model's trained
+        context, as one request may use it); ``sequences``: how many sequences it can hold at once."""
         if not available():
             raise InvalidSettingsError("backend 'llama-cpp' needs llama-cpp-python: pip install "
                                        "'fly-integrations[llama-cpp]' (it builds llama.cpp, about 10 minutes once)")
@@ -55,17 +61,17 @@ class LlamaCppBackend:
         self._llama_decode = llama_cpp.llama_decode
         threads = threads or os.cpu_count()
         model_params = llama_cpp.llama_model_default_params()
+        model_params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE  # read, not mapped (above)
         self._model = _internals.LlamaModel(path_model=str(gguf), params=model_params, verbose=False)
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = context or self._model.n_ctx_train()
+        self.max_context = context or self._model.n_ctx_train()
+        self._params = params = llama_cpp.llama_context_default_params()
         params.n_batch = params.n_ubatch = self.BATCH
         params.n_threads = params.n_threads_batch = threads
         params.n_seq_max = sequences
         params.kv_unified = True  # one pool of cells: any sequence may grow to the whole context
-        self._ctx = _internals.LlamaContext(model=self._model, params=params, verbose=False)
+        self._ctx = self._context(min(self.START_CELLS, self.max_context))
         self._batch = _internals.LlamaBatch(n_tokens=self.BATCH, embd=0, n_seq_max=1, verbose=False)
         self._vocab = self._model.n_vocab()
-        self.max_context = self._ctx.n_ctx()
         self.sequences = sequences
         self.name = f"llama.cpp-{gguf.stem}"
         self._lengths = [0] * sequences
@@ -90,11 +96,19 @@ class LlamaCppBackend:
                 batch.token[i], batch.pos[i], batch.logits[i] = token, pos, wanted
                 batch.seq_id[i][0], batch.n_seq_id[i] = seq, 1
             batch.n_tokens = len(chunk)
+            # the sequences' lengths bound the cells in use (shared prefixes count once per sequence): grow before a
+            # pass that might not fit, and once more if llama.cpp finds no room all the same
+            need = sum(self._lengths) + len(chunk)
+            if need > self.cells < self.max_context:
+                self._grow(min(max(2 * self.cells, need), self.max_context))
             status = self._decode()
+            if status == 1 and self.cells < self.max_context:
+                self._grow(min(2 * self.cells, self.max_context))
+                status = self._decode()
             if status:
                 self._undo(rows[:start])
                 raise KvCacheFull(f"llama.cpp could not place {len(chunk)} tokens in its KV cache "
-                                  f"({self.max_context} cells, status {status}): fewer requests or shorter "
+                                  f"({self.cells} cells, status {status}): fewer requests or shorter "
                                   f"prompts at once, or a larger context")
             for i, (_, _, _, wanted, p) in enumerate(chunk):
                 if wanted:
@@ -104,6 +118,34 @@ class LlamaCppBackend:
                 self._lengths[seq] += 1
         return [torch.from_numpy(np.stack(rows_of)) if rows_of else torch.empty(0, self._vocab)
                 for rows_of in logits]
+
+    def _context(self, cells: int):
+        from llama_cpp import _internals
+
+        self._params.n_ctx = cells
+        ctx = _internals.LlamaContext(model=self._model, params=self._params, verbose=False)
+        self.cells = ctx.n_ctx()
+        return ctx
+
+    def _grow(self, cells: int) -> None:
+        """Reallocate the cache with ``cells`` cells, each sequence's cached positions copied over (the old pool is
+        freed before the new one is allocated: the copies, not two pools, are what the move holds)."""
+        import ctypes
+
+        import llama_cpp
+
+        saved = {}
+        for seq, length in enumerate(self._lengths):
+            if length:
+                size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, seq)
+                buffer = (ctypes.c_uint8 * size)()
+                llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buffer, size, seq)
+                saved[seq] = buffer
+        self._ctx.close()
+        self._ctx = self._context(cells)
+        for seq, buffer in saved.items():
+            if not llama_cpp.llama_state_seq_set_data(self._ctx.ctx, buffer, len(buffer), seq):
+                raise FlyError(f"llama.cpp could not restore sequence {seq} into a cache of {cells} cells")
 
     def _decode(self) -> int:
         running = self._decoder.submit(self._llama_decode, self._ctx.ctx, self._batch.batch)

@@ -4,6 +4,7 @@ several threads share passes and prompt prefixes, and LangChain's batch goes thr
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +91,42 @@ def test_interleaved_conversations_with_the_same_instructions_read_only_their_ne
         follow_up = engine.generate(prompt(turns[name]), config)
         assert follow_up.stats.cached_tokens >= history  # its first turn and reply stayed cached
     assert turns["a"][1]["content"].strip() == "4" and turns["b"][1]["content"].strip() == "10"
+
+
+def test_the_cache_grows_as_its_sequences_need_and_keeps_what_they_hold(engine, monkeypatch):
+    """llama.cpp's cells are allocated as passes need them: a pool that starts small grows (the sequences' cached
+    positions copied over, shared prefixes included) and then computes what a pool large from the start does; past
+    its most cells a pass fails with the error that says so, and the cache stays usable."""
+    from fly_runtime.backends.llama_cpp_backend import KvCacheFull, LlamaCppBackend
+    from fly_runtime.loader import DEFAULT_TARGET
+    from fly_runtime.sources import BUILTIN_MODELS
+    from fly_runtime.sources.builtin import gguf_path
+
+    text = (Path(__file__).parents[2] / "docs" / "design.md").read_text()
+    ids = engine.tokenizer.encode(text)[:710]  # prose: next tokens a model is sure of, unlike random ids
+
+    def run(start_cells: int) -> tuple[list, list[int]]:
+        monkeypatch.setattr(LlamaCppBackend, "START_CELLS", start_cells)
+        backend = LlamaCppBackend(gguf_path(BUILTIN_MODELS[DEFAULT_TARGET]), context=1024, sequences=2)
+        cells = [backend.cells]
+        try:
+            backend.forward_rows([(0, ids[:200], 1)])
+            backend.share(0, 1, 150)
+            backend.forward_rows([(1, ids[200:300], 1)])
+            cells.append(backend.cells)
+            backend.forward_rows([(0, ids[300:600], 1), (1, ids[600:700], 1)])
+            cells.append(backend.cells)
+            logits = [x.numpy() for x in backend.forward_rows([(0, ids[700:704], None), (1, ids[704:707], None)])]
+            with pytest.raises(KvCacheFull, match="1024 cells"):
+                backend.forward_rows([(0, ids[:600], 1)])
+            assert backend.forward_rows([(1, ids[707:709], 1)])[0].shape[0] == 1  # still usable
+        finally:
+            backend.close()
+        return logits, cells
+
+    grown, cells = run(256)
+    assert cells == [256, 512, 1024]
+    large, _ = run(1024)
+    for a, b in zip(grown, large):
+        assert (a.argmax(-1) == b.argmax(-1)).all()
+        assert abs(a - b).max() < 1.0  # the same values, summed in another cell order
