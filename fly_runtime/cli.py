@@ -68,13 +68,27 @@ def cmd_generate(args: argparse.Namespace) -> int:
     config = _config(args, stop=tuple(args.stop or ()), timeout=args.timeout)  # checked before any model loads
     if not prompt.strip():
         raise FlyError("the prompt is empty: pass some text (or '-' to read it from stdin)")
-    engine = get_engine(_model_settings(args))
-    if args.chat:
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
-                   [{"role": "user", "content": prompt}]
-        prompt_ids = encode_chat(engine.tokenizer, messages)  # the prompt's text never becomes role tokens
-    else:
-        prompt_ids = chat_encoder(engine.tokenizer).encode_text(prompt)
+
+    def encode(tokenizer) -> list[int]:
+        if args.chat:
+            messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+                       [{"role": "user", "content": prompt}]
+            return encode_chat(tokenizer, messages)  # the prompt's text never becomes role tokens
+        return chat_encoder(tokenizer).encode_text(prompt)
+
+    settings = _model_settings(args)
+    form = None
+    if settings.precision == "auto":  # one request: only the form that serves it soonest is opened
+        from dataclasses import replace
+
+        from fly_runtime.backends.registry import load_tokenizer
+        from fly_runtime.loader import form_for_one_request
+        from fly_runtime.sources import resolve_model
+
+        form = form_for_one_request(settings, len(encode(load_tokenizer(resolve_model(settings.target)))), config)
+        settings = replace(settings, precision=form) if form else settings
+    engine = get_engine(settings)
+    prompt_ids = encode(engine.tokenizer)
     if len(prompt_ids) > LONG_PROMPT and not args.json:
         # the read runs in chunks: Ctrl-C and --timeout take effect within one of them
         print(f"fly: reading the {len(prompt_ids):,}-token prompt ...", file=sys.stderr, flush=True)
@@ -87,10 +101,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     stats = result.stats.as_dict()
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,
-                          "finish_reason": result.finish_reason, "form": result.form, "stats": stats}))
+                          "finish_reason": result.finish_reason, "form": result.form or form, "stats": stats}))
     else:
         print()
-        form = f" on {result.form}" if result.form else ""
+        form = f" on {result.form or form}" if result.form or form else ""
         print(f"[{args.mode}{form}] {result.stats.new_tokens} tokens in {result.stats.seconds:.2f} s "
               f"({result.stats.tokens_per_second:.1f} tok/s), τ={result.stats.mean_accepted:.2f}, "
               f"acceptance={result.stats.acceptance_rate:.2f}, forgiven={result.stats.fly_forgiven}, "

@@ -176,21 +176,31 @@ def load_engine(settings: ModelSettings) -> FlyEngine:
     )
 
 
-def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precision: str, max_context: int):
-    """The other forms of the target ``precision="auto"`` holds on this machine (tuning's record), each opened on
-    its first request, and the router that sends each request to the form predicted to finish it soonest; none
-    where the precision is set, or no other form steps or reads faster here."""
+def _held_names(settings: ModelSettings, kind: str, model: ResolvedModel, precision: str) -> tuple[dict, list[str]]:
+    """Tuning's pass times of each form, and the forms held beside ``precision`` that can run here (none where the
+    precision is set)."""
     if settings.precision != "auto" or kind != "onnx" or model.exported_onnx:
-        return [], None
+        return {}, []
     from fly_runtime.backends.llama_cpp_backend import available
-    from fly_runtime.routing import FormPrices, Router
     from fly_runtime.sources.convert import GGUF
-    from fly_runtime.tuning import recorded_batch, recorded_forms
+    from fly_runtime.tuning import recorded_forms
 
     ms, held = recorded_forms(model)
     gguf_runs = available() and model.gguf is not None
     held = [p for p in held if (gguf_runs if p == GGUF else model.has_graph(p))]
-    if precision not in ms or not held:
+    return (ms, held) if precision in ms else ({}, [])
+
+
+def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precision: str, max_context: int):
+    """The other forms of the target ``precision="auto"`` holds on this machine (tuning's record), each opened on
+    its first request, and the router that sends each request to the form predicted to finish it soonest; none
+    where the precision is set, or no other form steps or reads faster here."""
+    from fly_runtime.routing import FormPrices, Router
+    from fly_runtime.sources.convert import GGUF
+    from fly_runtime.tuning import recorded_batch
+
+    ms, held = _held_names(settings, kind, model, precision)
+    if not held:
         return [], None
     alternates = []
     for p in held:
@@ -203,6 +213,29 @@ def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precis
 
         alternates.append(TargetForm(p, context, opener=opener, max_batch=batch))
     return alternates, Router({p: FormPrices.of(ms[p]) for p in [precision, *held]})
+
+
+def form_for_one_request(settings: ModelSettings, prompt_tokens: int, config) -> str | None:
+    """The form that would serve a single request of ``prompt_tokens`` soonest, where ``precision="auto"`` holds
+    several (tuning's record, made here first if needed) and the request is not seeded; else None. A one-shot
+    process (``fly generate``) opens that form alone: the router would never open a second form for one request,
+    and the form tuning chose first is the one for a typical turn (a few hundred tokens read, a hundred written),
+    not for a long free reply to a short prompt, which llama.cpp writes 1.5x faster on this machine kind."""
+    if settings.precision != "auto" or config.seed is not None or _pick_backend(settings) != "onnx":
+        return None
+    from fly_runtime.routing import FormPrices, Router, request_kind
+
+    model = resolve_model(settings.target)
+    if model.exported_onnx:
+        return None
+    chosen = target_precision(settings, model)
+    ms, held = _held_names(settings, "onnx", model, chosen)
+    if not held:
+        return None
+    forms = [chosen, *held]
+    router = Router({p: FormPrices.of(ms[p]) for p in forms})
+    kind = request_kind(config)
+    return min(forms, key=lambda p: router.predict(p, kind, prompt_tokens, config.max_new_tokens))
 
 
 def _drafts_can_pay(kind: str, backend: Backend, model: ResolvedModel, precision: str, drafter: str) -> bool:

@@ -44,16 +44,19 @@ def test_a_tool_result_cannot_open_a_turn(tokenizer):
 
 @pytest.fixture
 def sent_prompts(monkeypatch):
-    """The prompt ids each request hands the (real) engine."""
-    engine = get_engine(ModelSettings())
+    """The prompt ids each request hands a (real) engine: the adapters' default one, or the one `fly generate`
+    opens for its single request."""
+    from fly_runtime.engine import FlyEngine
+
+    get_engine(ModelSettings())
     sent: list[list[int]] = []
-    real_stream = engine.stream
+    real_stream = FlyEngine.stream
 
-    def recording(prompt_ids, config):
+    def recording(self, prompt_ids, config):
         sent.append(list(prompt_ids))
-        return real_stream(prompt_ids, config)
+        return real_stream(self, prompt_ids, config)
 
-    monkeypatch.setattr(engine, "stream", recording)
+    monkeypatch.setattr(FlyEngine, "stream", recording)
     return sent
 
 

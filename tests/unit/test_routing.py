@@ -122,3 +122,28 @@ def test_the_read_price_is_learned_from_long_reads_only():
     r.record("gguf", "tools", 40, 1.8, stopped=True, read=(20, 1.0))  # a short read prices a call, not reading
     assert abs(r._read["gguf"] - 0.014) < 1e-12
     assert r.choose("plain", {"gguf": 2000, "int4": 2000}, 10, {"gguf", "int4"}) == "gguf"  # now the faster reader
+
+
+def test_a_one_shot_request_opens_only_the_form_that_serves_it_soonest(monkeypatch):
+    """`fly generate` serves one request: the loader picks its form before anything opens, by the router's own
+    prediction over the forms tuning held; a set precision, a seeded request or a single form change nothing."""
+    from types import SimpleNamespace
+
+    from fly_runtime import loader, tuning
+    from fly_runtime.backends import llama_cpp_backend
+    from fly_runtime.loader import ModelSettings, form_for_one_request
+
+    model = SimpleNamespace(exported_onnx=False, gguf="model.gguf", has_graph=lambda p: p == "int4")
+    held = ["gguf"]
+    monkeypatch.setattr(loader, "resolve_model", lambda name: model)
+    monkeypatch.setattr(loader, "target_precision", lambda settings, m, tokenizer=None: "int4")
+    monkeypatch.setattr(tuning, "recorded_forms", lambda m: ({"gguf": GGUF_MS, "int4": INT4_MS}, held))
+    monkeypatch.setattr(llama_cpp_backend, "available", lambda: True)
+    auto = ModelSettings()
+    assert form_for_one_request(auto, 40, GenerationConfig(max_new_tokens=256)) == "gguf"  # a free reply
+    assert form_for_one_request(auto, 40, GenerationConfig(mode="ar", max_new_tokens=256)) == "gguf"
+    assert form_for_one_request(auto, 3000, GenerationConfig(max_new_tokens=64)) == "int4"  # a long read
+    assert form_for_one_request(auto, 40, GenerationConfig(temperature=0.7, seed=1)) is None  # stays first
+    assert form_for_one_request(ModelSettings(precision="int4"), 40, GenerationConfig()) is None
+    held.clear()
+    assert form_for_one_request(auto, 40, GenerationConfig()) is None  # nothing held beside the choice
