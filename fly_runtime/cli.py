@@ -77,7 +77,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return chat_encoder(tokenizer).encode_text(prompt)
 
     settings = _model_settings(args)
-    form = None
+    pinned = None
     if settings.precision == "auto":  # one request: only the form that serves it soonest is opened
         from dataclasses import replace
 
@@ -85,8 +85,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         from fly_runtime.loader import form_for_one_request
         from fly_runtime.sources import resolve_model
 
-        form = form_for_one_request(settings, len(encode(load_tokenizer(resolve_model(settings.target)))), config)
-        settings = replace(settings, precision=form) if form else settings
+        pinned = form_for_one_request(settings, len(encode(load_tokenizer(resolve_model(settings.target)))), config)
+        settings = replace(settings, precision=pinned) if pinned else settings
     engine = get_engine(settings)
     prompt_ids = encode(engine.tokenizer)
     if len(prompt_ids) > LONG_PROMPT and not args.json:
@@ -101,10 +101,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     stats = result.stats.as_dict()
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,
-                          "finish_reason": result.finish_reason, "form": result.form or form, "stats": stats}))
+                          "finish_reason": result.finish_reason, "form": result.form or pinned, "stats": stats}))
     else:
         print()
-        form = f" on {result.form or form}" if result.form or form else ""
+        form = f" on {result.form or pinned}" if result.form or pinned else ""
         print(f"[{args.mode}{form}] {result.stats.new_tokens} tokens in {result.stats.seconds:.2f} s "
               f"({result.stats.tokens_per_second:.1f} tok/s), τ={result.stats.mean_accepted:.2f}, "
               f"acceptance={result.stats.acceptance_rate:.2f}, forgiven={result.stats.fly_forgiven}, "

@@ -226,8 +226,6 @@ def form_for_one_request(settings: ModelSettings, prompt_tokens: int, config) ->
     from fly_runtime.routing import FormPrices, Router, request_kind
 
     model = resolve_model(settings.target)
-    if model.exported_onnx:
-        return None
     chosen = target_precision(settings, model)
     ms, held = _held_names(settings, "onnx", model, chosen)
     if not held:

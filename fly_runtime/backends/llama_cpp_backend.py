@@ -119,13 +119,16 @@ class LlamaCppBackend:
         return [torch.from_numpy(np.stack(rows_of)) if rows_of else torch.empty(0, self._vocab)
                 for rows_of in logits]
 
+    @property
+    def cells(self) -> int:
+        """Cells the KV cache holds now (it grows up to ``max_context``)."""
+        return self._ctx.n_ctx()
+
     def _context(self, cells: int):
         from llama_cpp import _internals
 
         self._params.n_ctx = cells
-        ctx = _internals.LlamaContext(model=self._model, params=self._params, verbose=False)
-        self.cells = ctx.n_ctx()
-        return ctx
+        return _internals.LlamaContext(model=self._model, params=self._params, verbose=False)
 
     def _grow(self, cells: int) -> None:
         """Reallocate the cache with ``cells`` cells, each sequence's cached positions copied over (the old pool is
