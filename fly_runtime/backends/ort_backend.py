@@ -17,6 +17,21 @@ import torch
 from fly_runtime.sources.convert import LOGITS_TO_KEEP, onnx_model_file
 
 
+FIRST_CAPACITY = 1024  # cache positions allocated at first where past and present share buffers
+
+
+def _attention_shares_buffers(onnx_dir: Path, session) -> bool:
+    """Whether the graph's attention is GroupQueryAttention, which can write into the past it reads: graphs fly
+    writes from a GGUF (their ``fly.layout`` metadata) and the genai builder's (its ``past_present_share_buffer``)."""
+    if "fly.layout" in session.get_modelmeta().custom_metadata_map:
+        return True
+    config = onnx_dir / "genai_config.json"
+    try:
+        return bool(json.loads(config.read_text())["search"]["past_present_share_buffer"])
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 class OrtBackend:
     def __init__(self, onnx_dir: Path, threads: int | None = None) -> None:
         import onnxruntime as ort
@@ -41,6 +56,11 @@ class OrtBackend:
         self.name = f"onnxruntime-cpu-{onnx_dir.name}"
         self._cache: list[np.ndarray] = [self._empty] * len(self._cache_names)
         self._length = 0
+        # GroupQueryAttention (fly's graphs, the genai builder's) writes a pass's keys and values into the buffer
+        # it reads where past and present are bound to one: no copy of the whole cache per pass, no copy to crop
+        self._shares_buffers = _attention_shares_buffers(onnx_dir, self.session)
+        self._capacity = 0
+        self._values: list = []  # the bound OrtValues over self._cache's preallocated arrays
 
     def forward(self, input_ids: Sequence[int], keep: int | None = None) -> torch.Tensor:
         n = len(input_ids)
@@ -54,16 +74,50 @@ class OrtBackend:
             feed["position_ids"] = np.arange(self._length, total, dtype=np.int64)[None]
         if self._keeps_logits:
             feed[LOGITS_TO_KEEP] = np.asarray([keep], dtype=np.int64)
-        feed.update(zip(self._cache_names, self._cache))
-        logits, *present = self.session.run(["logits", *self._present_names], feed)
-        self._cache = present
+        if self._shares_buffers:
+            logits = self._run_in_place(feed, total)
+        else:
+            feed.update(zip(self._cache_names, self._cache))
+            logits, *present = self.session.run(["logits", *self._present_names], feed)
+            self._cache = present
         self._length = total
         return torch.from_numpy(logits[0, -keep:]).float()
+
+    def _run_in_place(self, feed: dict[str, np.ndarray], total: int) -> np.ndarray:
+        """One pass with each layer's past and present bound to the same preallocated buffer."""
+        self._reserve(total)
+        binding = self.session.io_binding()
+        for name, array in feed.items():
+            binding.bind_cpu_input(name, array)
+        binding.bind_output("logits")  # first: get_outputs() lists the outputs in the order they were bound
+        for past, present, value in zip(self._cache_names, self._present_names, self._values):
+            binding.bind_ortvalue_input(past, value)
+            binding.bind_ortvalue_output(present, value)
+        self.session.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()
+
+    def _reserve(self, total: int) -> None:
+        """Buffers of at least ``total`` positions, doubling (up to the model's context) and keeping what is cached."""
+        if total <= self._capacity:
+            return
+        import onnxruntime as ort
+
+        capacity = max(total, min(self.max_context, max(2 * self._capacity, FIRST_CAPACITY)))
+        shape = (1, self._empty.shape[1], capacity, self._empty.shape[3])
+        grown = []
+        for old in self._cache:
+            new = np.zeros(shape, dtype=self._dtype)
+            new[:, :, :self._length] = old[:, :, :self._length]
+            grown.append(new)
+        self._cache, self._capacity = grown, capacity
+        self._values = [ort.OrtValue.ortvalue_from_numpy(a) for a in grown]
 
     def crop(self, length: int) -> None:
         if length >= self._length:
             return
-        if length == 0:
+        if self._shares_buffers:
+            pass  # the next pass writes over the positions past ``length``
+        elif length == 0:
             self._cache = [self._empty] * len(self._cache_names)
         else:
             self._cache = [np.ascontiguousarray(c[:, :, :length]) for c in self._cache]

@@ -65,6 +65,22 @@ def test_fp32_graph_matches_pytorch_through_crops_and_kept_logits(tiny_hf_dir, t
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+def test_a_cache_written_in_place_computes_what_a_copied_one_does(tiny_fp32, monkeypatch):
+    """Past and present bound to one buffer (GroupQueryAttention writes into it): the same logits, bit for bit, as
+    the graph's copying run, through the buffer's growth (kept contents), crops (free: the next pass writes over
+    them) and a fresh start."""
+    from fly_runtime.backends import ort_backend
+
+    monkeypatch.setattr(ort_backend, "FIRST_CAPACITY", 8)
+    in_place, copied = OrtBackend(tiny_fp32), OrtBackend(tiny_fp32)
+    copied._shares_buffers = False
+    assert in_place._shares_buffers  # the builder's graph: GroupQueryAttention
+    outputs = [run_script(CachedSequence(backend)) for backend in (in_place, copied)]
+    assert in_place._capacity == 60  # 30 for the prefill, doubled for the pass to 35 (contents kept)
+    for got, want in zip(*outputs):
+        assert torch.equal(got, want)
+
+
 def test_build_is_cached(tiny_hf_dir, tiny_fp32):
     stamp = (tiny_fp32 / "model.onnx").stat().st_mtime_ns
     assert hf_to_onnx(tiny_hf_dir, tiny_fp32, int4=False) == tiny_fp32
