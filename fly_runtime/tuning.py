@@ -46,6 +46,7 @@ RECORD_VERSION = 6  # records of an older rule are measured again
 # forced tokens) are free and survive about this often
 TURN_READ, TURN_WRITE, TURN_SURVIVAL = 400, 100, 0.6
 READ_TOKENS = 64  # the prompt-read pass timed per form
+ROWS_COMPARED = 18  # tokens over which steps and 4- and 9-token passes are compared (reported, not required)
 # another form is held beside the chosen one where it steps or reads prompts at least this much faster: each request
 # then goes to the form that serves it soonest (fly_runtime/routing.py)
 ROUTE_MARGIN = 0.9
@@ -102,7 +103,7 @@ def measure(backend, context: int = 150, rows: tuple[int, ...] = (1, 9, READ_TOK
             rows_alike: bool = True) -> dict:
     """Median milliseconds of a pass over each of ``rows`` new tokens at ``context`` cached tokens (the longest:
     a prompt read, timed fewer times), and (``rows_alike``) ``row_delta``: the largest logit difference between
-    one-token steps and 4- and 9-token passes over the same tokens."""
+    one-token steps and 4- and 9-token passes over the same ``ROWS_COMPARED`` tokens."""
     prompt = [100 + i % 300 for i in range(context)]  # ids every vocabulary has
     tokens = [400 + i % 300 for i in range(max(rows))]
     backend.crop(0)
@@ -112,11 +113,13 @@ def measure(backend, context: int = 150, rows: tuple[int, ...] = (1, 9, READ_TOK
     if not rows_alike:
         backend.crop(0)
         return out
-    single = np.concatenate([backend.forward([t]).numpy() for t in tokens])
+    compared = tokens[:ROWS_COMPARED]
+    single = np.concatenate([backend.forward([t]).numpy() for t in compared])
     delta = 0.0
     for chunk in (4, 9):
         backend.crop(context)
-        passes = np.concatenate([backend.forward(tokens[i:i + chunk]).numpy() for i in range(0, len(tokens), chunk)])
+        passes = np.concatenate([backend.forward(compared[i:i + chunk]).numpy()
+                                 for i in range(0, len(compared), chunk)])
         delta = max(delta, float(np.abs(passes - single).max()))
     backend.crop(0)
     out["row_delta"] = delta
