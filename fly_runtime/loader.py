@@ -195,7 +195,7 @@ def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precis
     """The other forms of the target ``precision="auto"`` holds on this machine (tuning's record), each opened on
     its first request, and the router that sends each request to the form predicted to finish it soonest; none
     where the precision is set, or no other form steps or reads faster here."""
-    from fly_runtime.routing import FormPrices, Router
+    from fly_runtime.routing import Router
     from fly_runtime.sources.convert import GGUF
     from fly_runtime.tuning import recorded_batch
 
@@ -212,7 +212,7 @@ def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precis
             return CachedSequence(open_target(model, p, sequences=batch, context=context if p == GGUF else 0))
 
         alternates.append(TargetForm(p, context, opener=opener, max_batch=batch))
-    return alternates, Router({p: FormPrices.of(ms[p]) for p in [precision, *held]})
+    return alternates, Router.timed(ms, [precision, *held])
 
 
 def form_for_one_request(settings: ModelSettings, prompt_tokens: int, config) -> str | None:
@@ -223,7 +223,7 @@ def form_for_one_request(settings: ModelSettings, prompt_tokens: int, config) ->
     not for a long free reply to a short prompt, which llama.cpp writes 1.5x faster on this machine kind."""
     if settings.precision != "auto" or config.seed is not None or _pick_backend(settings) != "onnx":
         return None
-    from fly_runtime.routing import FormPrices, Router, request_kind
+    from fly_runtime.routing import Router, request_kind
 
     model = resolve_model(settings.target)
     chosen = target_precision(settings, model)
@@ -231,7 +231,7 @@ def form_for_one_request(settings: ModelSettings, prompt_tokens: int, config) ->
     if not held:
         return None
     forms = [chosen, *held]
-    router = Router({p: FormPrices.of(ms[p]) for p in forms})
+    router = Router.timed(ms, forms)
     kind = request_kind(config)
     return min(forms, key=lambda p: router.predict(p, kind, prompt_tokens, config.max_new_tokens))
 

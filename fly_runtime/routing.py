@@ -82,6 +82,11 @@ class Router:
     _missed: dict[str, float] = field(default_factory=dict)  # form not open -> seconds it would have saved so far
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
+    @classmethod
+    def timed(cls, ms: dict[str, dict], forms: list[str]) -> "Router":
+        """A router over ``forms`` priced from tuning's pass milliseconds of each."""
+        return cls({p: FormPrices.of(ms[p]) for p in forms})
+
     def predict(self, form: str, kind: str, unread: int, max_new_tokens: int) -> float:
         """Seconds ``form`` would take for a request of ``kind`` with ``unread`` prompt tokens to read there."""
         price = self.prices[form]
