@@ -115,10 +115,6 @@ class OrtBackend:
     def crop(self, length: int) -> None:
         if length >= self._length:
             return
-        if self._shares_buffers:
-            pass  # the next pass writes over the positions past ``length``
-        elif length == 0:
-            self._cache = [self._empty] * len(self._cache_names)
-        else:
-            self._cache = [np.ascontiguousarray(c[:, :, :length]) for c in self._cache]
+        if not self._shares_buffers:  # in place, the next pass writes over the positions past ``length``
+            self._cache = [np.ascontiguousarray(c[:, :, :length]) if length else self._empty for c in self._cache]
         self._length = length
