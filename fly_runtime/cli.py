@@ -99,12 +99,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     result = stream.result
     assert result is not None
     stats = result.stats.as_dict()
+    ran_on = result.form or pinned
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids,
-                          "finish_reason": result.finish_reason, "form": result.form or pinned, "stats": stats}))
+                          "finish_reason": result.finish_reason, "form": ran_on, "stats": stats}))
     else:
         print()
-        form = f" on {result.form or pinned}" if result.form or pinned else ""
+        form = f" on {ran_on}" if ran_on else ""
         print(f"[{args.mode}{form}] {result.stats.new_tokens} tokens in {result.stats.seconds:.2f} s "
               f"({result.stats.tokens_per_second:.1f} tok/s), τ={result.stats.mean_accepted:.2f}, "
               f"acceptance={result.stats.acceptance_rate:.2f}, forgiven={result.stats.fly_forgiven}, "

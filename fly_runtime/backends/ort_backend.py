@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from fly_runtime.sources.convert import LOGITS_TO_KEEP, onnx_model_file
+from fly_runtime.sources.gguf_graph import LAYOUT_METADATA
 
 
 FIRST_CAPACITY = 1024  # cache positions allocated at first where past and present share buffers
@@ -22,8 +23,8 @@ FIRST_CAPACITY = 1024  # cache positions allocated at first where past and prese
 
 def _attention_shares_buffers(onnx_dir: Path, session) -> bool:
     """Whether the graph's attention is GroupQueryAttention, which can write into the past it reads: graphs fly
-    writes from a GGUF (their ``fly.layout`` metadata) and the genai builder's (its ``past_present_share_buffer``)."""
-    if "fly.layout" in session.get_modelmeta().custom_metadata_map:
+    writes from a GGUF (their layout metadata) and the genai builder's (its ``past_present_share_buffer``)."""
+    if LAYOUT_METADATA in session.get_modelmeta().custom_metadata_map:
         return True
     config = onnx_dir / "genai_config.json"
     try:
@@ -59,7 +60,6 @@ class OrtBackend:
         # GroupQueryAttention (fly's graphs, the genai builder's) writes a pass's keys and values into the buffer
         # it reads where past and present are bound to one: no copy of the whole cache per pass, no copy to crop
         self._shares_buffers = _attention_shares_buffers(onnx_dir, self.session)
-        self._capacity = 0
         self._values: list = []  # the bound OrtValues over self._cache's preallocated arrays
 
     def forward(self, input_ids: Sequence[int], keep: int | None = None) -> torch.Tensor:
@@ -96,6 +96,11 @@ class OrtBackend:
         self.session.run_with_iobinding(binding)
         return binding.get_outputs()[0].numpy()
 
+    @property
+    def _capacity(self) -> int:
+        """Positions the cache arrays hold (where they are written in place, more than are cached)."""
+        return self._cache[0].shape[2]
+
     def _reserve(self, total: int) -> None:
         """Buffers of at least ``total`` positions, doubling (up to the model's context) and keeping what is cached."""
         if total <= self._capacity:
@@ -109,7 +114,7 @@ class OrtBackend:
             new = np.zeros(shape, dtype=self._dtype)
             new[:, :, :self._length] = old[:, :, :self._length]
             grown.append(new)
-        self._cache, self._capacity = grown, capacity
+        self._cache = grown
         self._values = [ort.OrtValue.ortvalue_from_numpy(a) for a in grown]
 
     def crop(self, length: int) -> None:

@@ -20,6 +20,9 @@ import numpy as np
 
 from fly_runtime.sources.gguf_grid import Grid, matrix_grid, pack_weights, pack_zero_points, residual_grid, stack
 
+# the graph's metadata key for its layout: also how a reader knows the graph is fly's (GroupQueryAttention)
+LAYOUT_METADATA = "fly.layout"
+
 # how each family's GGUF lays out rotary pairs: llama.cpp's converter permutes a Llama's q/k rows so that pairs
 # are adjacent (interleaved); Qwen2 keeps the halves apart (NeoX style)
 _INTERLEAVED = {"llama": True, "qwen2": False}
@@ -288,5 +291,5 @@ def _save(graph: _Graph, weights: _Weights, layout: Layout, out_dir: Path, vocab
     model = helper.make_model(helper.make_graph(graph.nodes, "fly-gguf", inputs, outputs, weights.initializers),
                               opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)],
                               producer_name="fly", ir_version=10)
-    model.metadata_props.append(onnx.StringStringEntryProto(key="fly.layout", value=json.dumps(layout.__dict__)))
+    model.metadata_props.append(onnx.StringStringEntryProto(key=LAYOUT_METADATA, value=json.dumps(layout.__dict__)))
     onnx.save(model, str(out_dir / "model.onnx"))
