@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import json
@@ -9,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -53,10 +55,15 @@ def gguf_to_hf(gguf_file: Path, out_dir: Path, weights: bool = True) -> Path:
     _say(f"converting {gguf_file.name} to float32 Hugging Face weights (once; cached in {out_dir}) ...")
     start = time.perf_counter()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32, low_cpu_mem_usage=True
-        )
+        with _plain_gguf_parsing():
+            # a folder whose weights were dropped keeps its tokenizer: building one from the GGUF's vocabulary
+            # again takes seconds (no Mistral regex patch: as load_tokenizer says)
+            tokenizer = (AutoTokenizer.from_pretrained(out_dir, fix_mistral_regex=False)
+                         if (out_dir / "tokenizer_config.json").is_file()
+                         else AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name))
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32, low_cpu_mem_usage=True
+            )
     except Exception as exc:  # the GGUF reader fails with anything from ValueError to IndexError on bad bytes
         raise ModelIntegrityError(
             f"{gguf_file} is not a loadable GGUF model ({exc}); re-download it or pass another file."
@@ -70,15 +77,16 @@ def gguf_to_hf(gguf_file: Path, out_dir: Path, weights: bool = True) -> Path:
 
 def _gguf_metadata_to_hf(gguf_file: Path, out_dir: Path) -> Path:
     """The weight-free folder: what ``save_pretrained`` would write beside the weights, from the metadata. The
-    metadata is parsed once (gguf-py reads a 150k-token vocabulary in about ten seconds; ``AutoConfig`` and
-    ``AutoTokenizer`` would each parse it again) and given to transformers' own GGUF converters."""
+    metadata is parsed once (``AutoConfig`` and ``AutoTokenizer`` would each parse it again) and given to
+    transformers' own GGUF converters."""
     from transformers import AutoConfig, GenerationConfig
     from transformers.integrations.ggml import convert_gguf_tokenizer
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
 
     try:
-        parsed = load_gguf_checkpoint(str(gguf_file), return_tensors=False)
+        with _plain_gguf_parsing():
+            parsed = load_gguf_checkpoint(str(gguf_file), return_tensors=False)
         config = AutoConfig.for_model(**parsed["config"])
         backend, extra = convert_gguf_tokenizer(config.model_type, parsed["tokenizer"])
         tokenizer_class = TOKENIZER_MAPPING[type(config)][1]
@@ -197,6 +205,11 @@ def _reader(gguf_file: Path):
 
 @functools.lru_cache(maxsize=1)
 def _parsed(path: str, size: int, mtime: int):
+    return _plain_reader()(path)
+
+
+@functools.cache
+def _plain_reader():
     import numpy as np
     from gguf import GGUFReader
 
@@ -212,7 +225,25 @@ def _parsed(path: str, size: int, mtime: int):
         def data(self, mapped) -> None:
             self._plain = mapped.view(np.ndarray)
 
-    return PlainReader(path)
+    return PlainReader
+
+
+_parsing = threading.Lock()
+
+
+@contextlib.contextmanager
+def _plain_gguf_parsing():
+    """transformers' GGUF loaders look gguf-py's reader up by name when called: within this block they get the plain
+    one. Conversions within it run one at a time, so that the name is put back as it was."""
+    import gguf
+
+    with _parsing:
+        original = gguf.GGUFReader
+        gguf.GGUFReader = _plain_reader()
+        try:
+            yield
+        finally:
+            gguf.GGUFReader = original
 
 
 def gguf_graph(gguf_file: Path, out_dir: Path, precision: str, config_file: Path) -> bool:
