@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Literal
 
@@ -50,6 +52,22 @@ ROUTED_CONTEXT = 8192
 
 _engines: dict[ModelSettings, FlyEngine] = {}
 _engines_lock = threading.Lock()
+# the routers of engines holding several forms, and their models: what each learned is kept with tuning's record
+# when its engine is dropped and when the process ends, so that the next process here starts from it
+_routers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _keep_prices() -> None:
+    from fly_runtime.tuning import keep_prices
+
+    for router, model in list(_routers.items()):
+        try:
+            keep_prices(model, router.learned())
+        except OSError:  # a read-only or vanished cache: the next process learns anew
+            pass
+
+
+atexit.register(_keep_prices)
 
 
 def get_engine(settings: ModelSettings) -> FlyEngine:
@@ -67,6 +85,7 @@ def unload(settings: ModelSettings | None = None) -> None:
     garbage collector runs here rather than at its own next pass."""
     import gc
 
+    _keep_prices()
     with _engines_lock:
         if settings is None:
             _engines.clear()
@@ -197,7 +216,7 @@ def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precis
     where the precision is set, or no other form steps or reads faster here."""
     from fly_runtime.routing import Router
     from fly_runtime.sources.convert import GGUF
-    from fly_runtime.tuning import recorded_batch
+    from fly_runtime.tuning import recorded_batch, recorded_prices
 
     ms, held = _held_names(settings, kind, model, precision)
     if not held:
@@ -212,7 +231,9 @@ def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precis
             return CachedSequence(open_target(model, p, sequences=batch, context=context if p == GGUF else 0))
 
         alternates.append(TargetForm(p, context, opener=opener, max_batch=batch))
-    return alternates, Router.timed(ms, [precision, *held])
+    router = Router.timed(ms, [precision, *held], recorded_prices(model))
+    _routers[router] = model
+    return alternates, router
 
 
 def form_for_one_request(settings: ModelSettings, prompt_tokens: int, config) -> str | None:
@@ -224,6 +245,7 @@ def form_for_one_request(settings: ModelSettings, prompt_tokens: int, config) ->
     if settings.precision != "auto" or config.seed is not None or _pick_backend(settings) != "onnx":
         return None
     from fly_runtime.routing import Router, request_kind
+    from fly_runtime.tuning import recorded_prices
 
     model = resolve_model(settings.target)
     chosen = target_precision(settings, model)
@@ -231,7 +253,7 @@ def form_for_one_request(settings: ModelSettings, prompt_tokens: int, config) ->
     if not held:
         return None
     forms = [chosen, *held]
-    router = Router.timed(ms, forms)
+    router = Router.timed(ms, forms, recorded_prices(model))
     kind = request_kind(config)
     return min(forms, key=lambda p: router.predict(p, kind, prompt_tokens, config.max_new_tokens))
 

@@ -13,6 +13,8 @@ and the request goes to the cheapest. The price per written token starts from th
 speed-up free drafts reach) and is then learned per form and kind from the requests the form served; the read
 price from the form's own prompt reads (a long read costs less a token than the 64-token pass timed: llama.cpp
 read 250-token tool prompts at 14 ms a token against 22 timed); the reply's expected length is learned per kind.
+What was learned is kept with tuning's record when the engine is dropped or the process ends, and the next
+process on this machine starts from it.
 A form not open yet is opened once the time it would have saved the requests served elsewhere adds up to what
 opening it costs (the ski-rental rule: a one-off request never pays for a second form, a steady stream of
 requests it suits does). Pure bookkeeping: no backend is touched here.
@@ -70,7 +72,7 @@ class FormPrices:
         return self.step / max(1.0, profile.best_speedup(PRIOR_SURVIVAL[kind], by_model=False))
 
 
-@dataclass
+@dataclass(eq=False)
 class Router:
     """Predicts each form's cost for a request and learns from the requests served."""
 
@@ -83,9 +85,23 @@ class Router:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def timed(cls, ms: dict[str, dict], forms: list[str]) -> "Router":
-        """A router over ``forms`` priced from tuning's pass milliseconds of each."""
-        return cls({p: FormPrices.of(ms[p]) for p in forms})
+    def timed(cls, ms: dict[str, dict], forms: list[str], learned: dict | None = None) -> "Router":
+        """A router over ``forms`` priced from tuning's pass milliseconds of each, and from what an earlier
+        process learned here (``learned()``'s record), as far as it concerns these forms."""
+        router = cls({p: FormPrices.of(ms[p]) for p in forms})
+        if learned:
+            router._read = {f: v for f, v in learned.get("read", {}).items() if f in forms}
+            router._written = {(f, k): v for f, k, v in learned.get("written", ()) if f in forms and k in KINDS}
+            router._reply = {k: v for k, v in learned.get("reply", {}).items() if k in KINDS}
+        return router
+
+    def learned(self) -> dict:
+        """What the requests served taught, as JSON: kept with tuning's record so that the next process here
+        starts from it (``timed``), and a one-shot process picks its form by it. Not what opening a form cost:
+        that depends on what the operating system still holds of its files."""
+        with self._lock:
+            return {"read": dict(self._read), "written": [[f, k, v] for (f, k), v in self._written.items()],
+                    "reply": dict(self._reply)}
 
     def predict(self, form: str, kind: str, unread: int, max_new_tokens: int) -> float:
         """Seconds ``form`` would take for a request of ``kind`` with ``unread`` prompt tokens to read there."""

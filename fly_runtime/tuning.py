@@ -247,11 +247,12 @@ def load_records() -> dict:
         return {}
 
 
-def _record(key: str, record: dict) -> None:
-    """Keep ``record`` (dated, of this rule's version) under ``key`` in tuning.json, replacing the file whole."""
+def _record(key: str, record: dict, dated: bool = True) -> None:
+    """Keep ``record`` (of this rule's version, dated unless ``dated`` is False) under ``key`` in tuning.json,
+    replacing the file whole (from a scratch file of this process's own, so that two writers never mix)."""
     records = load_records()
-    records[key] = record | {"version": RECORD_VERSION, "date": time.strftime("%Y-%m-%d")}
-    tmp = _records_file().with_suffix(".tmp")
+    records[key] = record | {"version": RECORD_VERSION} | ({"date": time.strftime("%Y-%m-%d")} if dated else {})
+    tmp = _records_file().with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(records, indent=2))
     tmp.replace(_records_file())
 
@@ -318,6 +319,21 @@ def recorded_forms(model) -> tuple[dict[str, dict], list[str]]:
     if record is None or record.get("version") != RECORD_VERSION:
         return {}, []
     return record["ms"], list(record.get("held", ()))
+
+
+def recorded_prices(model) -> dict:
+    """What routing learned from the requests served here (``Router.learned``; empty where nothing was kept)."""
+    record = recorded_precision(model.key)
+    return record.get("learned", {}) if record is not None and record.get("version") == RECORD_VERSION else {}
+
+
+def keep_prices(model, learned: dict) -> None:
+    """Keep ``learned`` (``Router.learned``) with this machine's record for ``model``; nothing where there is no
+    record of this rule (one measured anew will be learned anew)."""
+    key = f"{machine_id()}|{model.key}"
+    record = load_records().get(key)
+    if record is not None and record.get("version") == RECORD_VERSION and record.get("learned") != learned:
+        _record(key, record | {"learned": learned}, dated=False)  # the date is the measurement's
 
 
 def _say_llama_cpp_missing() -> None:

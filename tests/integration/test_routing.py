@@ -26,6 +26,7 @@ def routed(engine):
     ms = {GGUF: {"1": 45.0, "9": 360.0, "64": 1400.0}, "int4": {"1": 68.0, "9": 195.0, "64": 1000.0}}
     patch = pytest.MonkeyPatch()
     patch.setattr(tuning, "recorded_forms", lambda m: (ms, [other]))
+    patch.setattr(tuning, "recorded_prices", lambda m: {})  # nothing learned by earlier processes
     try:
         routed = load_engine(ModelSettings(draft=None))
     finally:

@@ -53,6 +53,37 @@ def test_learned_prices_move_the_choice():
     assert abs(r._reply["tools"] - (0.7 * 100 + 0.3 * 30)) < 1e-9
 
 
+def test_what_a_process_learned_is_where_the_next_one_on_this_machine_starts(monkeypatch, tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from fly_runtime import tuning
+
+    r, both = router(), {"gguf", "int4"}
+    for _ in range(3):  # free text came out at 19 ms a token on the graph; tool replies run 30 tokens
+        r.record("int4", "text", 200, 200 * 0.019, stopped=True)
+        r.record("gguf", "tools", 30, 30 * 0.045, stopped=True, read=(250, 250 * 0.014))
+    assert r.choose("text", {"gguf": 50, "int4": 50}, 256, both) == "int4"
+    ms = {"gguf": GGUF_MS, "int4": INT4_MS}
+    learned = json.loads(json.dumps(r.learned()))  # as tuning.json keeps it
+    again = Router.timed(ms, ["gguf", "int4"], learned)
+    assert again.choose("text", {"gguf": 50, "int4": 50}, 256, both) == "int4"  # a fresh router would say gguf
+    assert Router.timed(ms, ["gguf", "int4"]).choose("text", {"gguf": 50, "int4": 50}, 256, both) == "gguf"
+    for form, kind in (("int4", "text"), ("gguf", "tools")):
+        assert again.predict(form, kind, 300, 256) == r.predict(form, kind, 300, 256)
+    assert Router.timed(ms, ["gguf"], learned).learned()["written"] == [["gguf", "tools", r._written["gguf", "tools"]]]
+
+    # kept with this machine's record of the model, its measurement date untouched; nothing without a record
+    monkeypatch.setenv("FLY_CACHE_DIR", str(tmp_path))
+    model, other = SimpleNamespace(key="k" * 16), SimpleNamespace(key="o" * 16)
+    tuning._record(f"{tuning.machine_id()}|{model.key}", {"precision": "int4", "ms": ms, "held": ["gguf"]})
+    tuning.keep_prices(model, learned)
+    tuning.keep_prices(other, learned)
+    assert tuning.recorded_prices(model) == learned and tuning.recorded_prices(other) == {}
+    assert list(tuning.load_records()) == [f"{tuning.machine_id()}|{model.key}"]
+    assert tuning.recorded_forms(model) == (ms, ["gguf"])
+
+
 class CountingLM:
     """The next id up, whatever came before; records the ids it reads."""
 
@@ -138,11 +169,17 @@ def test_a_one_shot_request_opens_only_the_form_that_serves_it_soonest(monkeypat
     monkeypatch.setattr(loader, "resolve_model", lambda name: model)
     monkeypatch.setattr(loader, "target_precision", lambda settings, m, tokenizer=None: "int4")
     monkeypatch.setattr(tuning, "recorded_forms", lambda m: ({"gguf": GGUF_MS, "int4": INT4_MS}, held))
+    learned = {}
+    monkeypatch.setattr(tuning, "recorded_prices", lambda m: learned)
     monkeypatch.setattr(llama_cpp_backend, "available", lambda: True)
     auto = ModelSettings()
     assert form_for_one_request(auto, 40, GenerationConfig(max_new_tokens=256)) == "gguf"  # a free reply
     assert form_for_one_request(auto, 40, GenerationConfig(mode="ar", max_new_tokens=256)) == "gguf"
     assert form_for_one_request(auto, 3000, GenerationConfig(max_new_tokens=64)) == "int4"  # a long read
+    # earlier processes here found the graph writing free text at 19 ms a token: a free reply goes there now
+    learned["written"] = [["int4", "text", 0.019]]
+    assert form_for_one_request(auto, 40, GenerationConfig(max_new_tokens=256)) == "int4"
+    learned.clear()
     assert form_for_one_request(auto, 40, GenerationConfig(temperature=0.7, seed=1)) is None  # stays first
     assert form_for_one_request(ModelSettings(precision="int4"), 40, GenerationConfig()) is None
     held.clear()
