@@ -77,7 +77,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return chat_encoder(tokenizer).encode_text(prompt)
 
     settings = _model_settings(args)
-    pinned = None
+    pinned = tokenizer = None
     if settings.precision == "auto":  # one request: only the form that serves it soonest is opened
         from dataclasses import replace
 
@@ -85,9 +85,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         from fly_runtime.loader import form_for_one_request
         from fly_runtime.sources import resolve_model
 
-        pinned = form_for_one_request(settings, len(encode(load_tokenizer(resolve_model(settings.target)))), config)
+        tokenizer = load_tokenizer(resolve_model(settings.target))  # handed to the engine: loaded once
+        pinned = form_for_one_request(settings, len(encode(tokenizer)), config)
         settings = replace(settings, precision=pinned) if pinned else settings
-    engine = get_engine(settings)
+    engine = get_engine(settings, tokenizer)
     prompt_ids = encode(engine.tokenizer)
     if len(prompt_ids) > LONG_PROMPT and not args.json:
         # the read runs in chunks: Ctrl-C and --timeout take effect within one of them

@@ -70,12 +70,13 @@ def _keep_prices() -> None:
 atexit.register(_keep_prices)
 
 
-def get_engine(settings: ModelSettings) -> FlyEngine:
-    """The shared engine for ``settings``, loading it on first use."""
+def get_engine(settings: ModelSettings, tokenizer=None) -> FlyEngine:
+    """The shared engine for ``settings``, loading it on first use (with ``tokenizer``, the target's, where the
+    caller loaded it already and hands it over)."""
     with _engines_lock:
         engine = _engines.get(settings)
         if engine is None:
-            engine = _engines[settings] = load_engine(settings)
+            engine = _engines[settings] = load_engine(settings, tokenizer)
         return engine
 
 
@@ -147,10 +148,10 @@ def eos_ids(model: ResolvedModel, tokenizer) -> set[int]:
     return ids
 
 
-def load_engine(settings: ModelSettings) -> FlyEngine:
+def load_engine(settings: ModelSettings, tokenizer=None) -> FlyEngine:
     kind = _pick_backend(settings)
     target_model = resolve_model(settings.target)
-    tokenizer = load_tokenizer(target_model)
+    tokenizer = tokenizer or load_tokenizer(target_model)
     vocab_size = len(tokenizer)
     precision = target_precision(settings, target_model, tokenizer) if kind == "onnx" else "fp32"
     target_backend = open_backend(target_model, kind, precision, device=settings.device,

@@ -65,6 +65,9 @@ def inventory(in_use: dict[str, str], root: Path | None = None) -> list[Entry]:
                       ("bench", "benchmark data (fly bench)")):
         if (root / name).is_dir():
             entries.append(Entry(root / name, _size(root / name), use, True))
+    if (root / "test-fixtures").is_dir():
+        entries.append(Entry(root / "test-fixtures", _size(root / "test-fixtures"),
+                             "inputs fly's own test suite made once (an optimum export): made again when it runs", False))
     for path in sorted(root.glob("*/*.partial")):
         entries.append(Entry(path, _size(path), "left by an interrupted conversion", False))
     return entries

@@ -89,10 +89,14 @@ def test_prune_deletes_what_nothing_here_reads(tmp_path):
     weights.parent.mkdir(parents=True)
     weights.write_bytes(b"x" * 1000)
     (weights.parent / "config.json").write_text("{}")
+    fixture = root / "test-fixtures" / "optimum-export-x" / "model.onnx"  # what the test suite made once
+    fixture.parent.mkdir(parents=True)
+    fixture.write_bytes(b"x" * 1000)
     listing, _ = _fly(root, "models", "list")
     assert "another version of fly" in listing.stdout and "float32 weights" in listing.stdout
+    assert "test suite" in listing.stdout
     pruned, _ = _fly(root, "models", "prune")
     assert pruned.returncode == 0 and "deleting" in pruned.stderr
-    assert not stale.exists() and not weights.exists()
+    assert not stale.exists() and not weights.exists() and not fixture.exists()
     assert (weights.parent / "config.json").is_file() and gguf_path(BUILTIN_MODELS[DEFAULT_TARGET]).name in \
         [p.name for p in (root / "gguf").iterdir()]

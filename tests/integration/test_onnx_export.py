@@ -17,13 +17,23 @@ from fly_runtime.sources.resolve import is_onnx_export
 
 
 @pytest.fixture(scope="module")
-def exported_drafter(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("optimum-export")
-    cli = Path(sys.executable).parent / "optimum-cli"  # the dev extra installs optimum-onnx
-    proc = subprocess.run([str(cli), "export", "onnx", "--model",
-                           str(resolve_model(DEFAULT_DRAFT).weights()), "--task", "text-generation-with-past",
-                           str(folder)], capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def exported_drafter():
+    """The export, made once per version of the exporter and of the model, and kept in the cache's
+    ``test-fixtures`` (`fly models prune` deletes it): the export is the test's input, and making it took 50 s."""
+    from importlib.metadata import version
+
+    from fly_runtime.sources.cache import atomic_directory, cache_dir
+
+    model = resolve_model(DEFAULT_DRAFT)
+    versions = "-".join(version(p) for p in ("optimum-onnx", "optimum", "transformers", "torch", "onnx"))
+    folder = cache_dir() / "test-fixtures" / f"optimum-export-{model.key}-{versions}"
+    if not (folder / "model.onnx").is_file():
+        cli = Path(sys.executable).parent / "optimum-cli"  # the dev extra installs optimum-onnx
+        with atomic_directory(folder) as scratch:
+            proc = subprocess.run([str(cli), "export", "onnx", "--model", str(model.weights()), "--task",
+                                   "text-generation-with-past", str(scratch)], capture_output=True, text=True,
+                                  timeout=1200)
+            assert proc.returncode == 0, proc.stderr[-2000:]
     return folder
 
 
