@@ -54,7 +54,8 @@ class GenerationStats:
     rounds: int = 0  # speculative rounds drafted by the model
     mean_k: float = 0.0  # mean draft length per speculative round
     plain_steps: int = 0  # steps decoded without speculation (measuring, falling back, or lookup found nothing)
-    lookup_rounds: int = 0  # rounds drafted by prompt lookup alone, before the model drafter read the prompt
+    lookup_rounds: int = 0  # rounds drafted by prompt lookup alone (before the model drafter read the prompt, or
+    # where prompt lookup is the drafter)
     forced_tokens: int = 0  # tokens a grammar forced (keys, punctuation), verified in passes without drafting
     drafter_busy: int = 0  # 1 where another request held the drafter, so this one was decoded plainly (mode ar)
     seconds: float = 0.0
@@ -386,8 +387,11 @@ class FlyEngine:
         if read:
             self._learn_prefill(read, request.read[1], learned)
         stats.target_forwards += 1
-        request.proposer = Proposer(request.config, self.drafter, self.lookup if request.config.ngram else None,
-                                    self.lookup is not None, learned, request.sampler)
+        if self.lookup is None:  # the drafter is prompt lookup itself: each proposal priced by the lookup gate
+            request.proposer = Proposer(request.config, None, self.drafter, False, learned, request.sampler)
+        else:
+            request.proposer = Proposer(request.config, self.drafter, self.lookup if request.config.ngram else None,
+                                        True, learned, request.sampler)
         # a prompt read cut short by the timeout yields no token: the first commit ends the request
         return [request.pick(logits[0, : self.vocab_size])] if logits is not None else []
 

@@ -6,6 +6,13 @@ import torch
 
 
 def digit_token_mask(tokenizer, vocab_size: int) -> torch.Tensor:
-    """A bool mask over the vocabulary: True where a token's text holds a digit (any script: 7, ７, ²)."""
-    texts = tokenizer.batch_decode([[i] for i in range(vocab_size)], skip_special_tokens=True)
+    """A bool mask over the vocabulary: True where a token's text holds a digit (any script: 7, ７, ²).
+    A fast tokenizer decodes the vocabulary in its own (Rust) batch: 0.3 s for 151k tokens where
+    ``batch_decode`` took 0.9-2 s, which the first FLy request of every process paid."""
+    ids = [[i] for i in range(vocab_size)]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        texts = backend.decode_batch(ids, skip_special_tokens=True)
+    else:
+        texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
     return torch.tensor([any(c.isdigit() for c in text) for text in texts], dtype=torch.bool)

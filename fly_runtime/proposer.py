@@ -70,8 +70,10 @@ class Proposal:
 
 class Proposer:
     """One request's proposals, and its drafter's part in the request: begun here, fed what the target kept.
-    ``lookup`` is prompt lookup alone (None where the request turns n-grams off); ``defer`` lets an adaptive
-    request put off the model drafter's prompt read until it is likely to pay."""
+    ``drafter`` is the drafter model (None where prompt lookup drafts alone: then each of its proposals is
+    priced by the lookup gate, as a model's are by the draft policy); ``lookup`` is prompt lookup alone (None
+    where the request turns n-grams off); ``defer`` lets an adaptive request put off the model drafter's prompt
+    read until it is likely to pay."""
 
     def __init__(self, config: GenerationConfig, drafter: Drafter | None, lookup: Drafter | None, defer: bool,
                  learned: Learned, sampler: Sampler) -> None:
@@ -115,7 +117,7 @@ class Proposer:
             return dataclasses.replace(self._lookup(context, remaining, start, sharing), shared=True)
         if policy.next_is_plain():
             return Proposal(Draft(), Kind.PLAIN, start, start)
-        if not policy.model_drafts or (self.deferral is not None and not self.deferral.due(
+        if self.drafter is None or not policy.model_drafts or (self.deferral is not None and not self.deferral.due(
                 self.drafter.commit(context), policy.plain_step_seconds, remaining)):
             return self._lookup(context, remaining, start)
         self._catch_up(context, start)
@@ -154,7 +156,9 @@ class Proposer:
     def _lookup(self, context: Sequence[int], remaining: int, start: float, sharing: int = 1) -> Proposal:
         """Prompt lookup's proposal, cut to the part worth a target row each; a plain step where none is."""
         assert self.policy is not None
-        shape = DraftShape(remaining - 1, 0.0, 0, history=self.policy.suffix)
+        # an adaptive request verifies what the gate finds worth it; a fixed K caps the proposal
+        k = remaining - 1 if self.policy.adaptive else min(self.policy.k, remaining - 1)
+        shape = DraftShape(k, 0.0, 0, history=self.policy.suffix)
         draft = self.lookup.propose(context, shape, self.sampler) if self.lookup else Draft()
         keep = self.policy.lookup.length(len(draft.token_ids), sharing)
         now = time.perf_counter()

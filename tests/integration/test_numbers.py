@@ -40,3 +40,8 @@ def test_words_punctuation_and_special_tokens_are_not(tokenizer, mask):
     assert mask.shape == (len(tokenizer),)
     # a small share of the vocabulary: FLy still forgives everything else
     assert 10 <= int(mask.sum()) < len(tokenizer) // 100
+
+
+def test_the_fast_tokenizers_own_decode_marks_what_batch_decode_does(tokenizer, mask):
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))], skip_special_tokens=True)
+    assert mask.tolist() == [any(c.isdigit() for c in text) for text in texts]

@@ -38,6 +38,10 @@ def routed(engine):
 
 def test_each_request_runs_on_the_form_that_suits_it_and_writes_the_model(routed):
     assert [f.name for f in routed.forms][1:] and routed.forms[1].slots is None  # not opened at load
+    # prompt lookup drafts here: each form starts from tuning's prices instead of timing itself on its first request
+    prices = {f.name: f.learned.costs for f in routed.forms}
+    assert prices[GGUF].step == pytest.approx(0.045) and prices[GGUF].row == pytest.approx((0.360 - 0.045) / 8)
+    assert prices["int4"].step == pytest.approx(0.068) and prices["int4"].draft == 0.0
     tok = routed.tokenizer
     story = encode_chat(tok, [{"role": "user", "content": "Write a short story about a lighthouse keeper."}])
     plain = routed.generate(story, GenerationConfig(mode="ar", max_new_tokens=48))

@@ -45,6 +45,31 @@ def test_beside_a_fast_target_only_prompt_lookup_drafts_and_without_probabilitie
     assert nothing_to_copy.plain
 
 
+def test_where_prompt_lookup_is_the_drafter_each_proposal_is_priced_and_a_missing_one_stops():
+    """No drafter model (the engine's drafter is prompt lookup itself), beside a target whose rows are cheap
+    enough for model drafts: lookup proposals still go through the lookup gate, so a request whose lookups miss
+    decodes plainly instead of verifying misses until the draft policy's fallback."""
+    cheap_rows = CostProfile(step=0.060, row=0.025, draft=0.0)
+    assert cheap_rows.model_drafts_pay()
+    propose = proposer("fly", Learned(plain_step=0.060, costs=cheap_rows), NgramDrafter())
+    kinds = []
+    for _ in range(8):
+        proposal = propose.propose(CONTEXT, 20, 0)
+        kinds.append(proposal.plain)
+        if not proposal.plain:
+            assert proposal.source is propose.lookup and not proposal.by_model
+            propose.record(proposal, Verdict(accepted=0, next_token=3, native=0, forgiven=0, matched=0), CONTEXT,
+                           [3])
+    assert kinds[0] is False and kinds[-1] is True  # tried at first, given up after misses
+    assert propose.policy.rounds == 0 and propose.lookup_rounds == kinds.count(False)
+
+
+def test_a_fixed_draft_length_caps_a_lookup_proposal():
+    propose = Proposer(GenerationConfig(mode="exact", k=2), None, NgramDrafter(), defer=False,
+                       learned=Learned(plain_step=0.059, costs=FAST_TARGET), sampler=GREEDY)
+    assert propose.propose(CONTEXT, 20, 0).draft.token_ids == [8, 9]
+
+
 class Grammar:
     """A grammar that forces ``forced`` from here and allows drafts while they stay below ``stop``."""
 
