@@ -96,6 +96,17 @@ def chat_ids():
     return encode
 
 
+def greedy_runs(engine, chat_ids, prompts: list[str], configs: dict) -> dict[str, list]:
+    """Each prompt decoded under each named ``GenerationConfig`` in turn (interleaved per prompt), for the tests
+    that compare modes on the same prompts."""
+    out: dict[str, list] = {name: [] for name in configs}
+    for prompt in prompts:
+        ids = chat_ids(prompt)
+        for name, config in configs.items():
+            out[name].append(engine.generate(ids, config))
+    return out
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if "/integration/" in str(item.path):

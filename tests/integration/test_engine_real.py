@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fly_runtime import GenerationConfig, InvalidPromptError
-from tests.integration.conftest import PROMPTS
+from tests.integration.conftest import PROMPTS, greedy_runs
 
 
 TOKENS = 48
@@ -25,15 +25,11 @@ def engine(exact_engine):
 @pytest.fixture(scope="module")
 def runs(engine, chat_ids):
     """ar / exact / fly greedy runs of every prompt, shared by the tests below."""
-    out = {mode: [] for mode in ("ar", "exact", "exact-no-ngram", "fly")}
-    for prompt in PROMPTS[:6]:
-        ids = chat_ids(prompt)
-        out["ar"].append(engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=TOKENS)))
-        out["exact"].append(engine.generate(ids, GenerationConfig(mode="exact", max_new_tokens=TOKENS)))
-        out["exact-no-ngram"].append(
-            engine.generate(ids, GenerationConfig(mode="exact", ngram=False, max_new_tokens=TOKENS)))
-        out["fly"].append(engine.generate(ids, GenerationConfig(mode="fly", max_new_tokens=TOKENS)))
-    return out
+    return greedy_runs(engine, chat_ids, PROMPTS[:6], {
+        "ar": GenerationConfig(mode="ar", max_new_tokens=TOKENS),
+        "exact": GenerationConfig(mode="exact", max_new_tokens=TOKENS),
+        "exact-no-ngram": GenerationConfig(mode="exact", ngram=False, max_new_tokens=TOKENS),
+        "fly": GenerationConfig(mode="fly", max_new_tokens=TOKENS)})
 
 
 def test_exact_is_token_identical_to_ar(runs):

@@ -5,26 +5,22 @@ pass, so a guarded reply is compared with plain decoding token for token."""
 import pytest
 
 from fly_runtime import GenerationConfig
-from tests.integration.conftest import PROMPTS
+from tests.integration.conftest import PROMPTS, greedy_runs
 
 
 TOKENS = 48
 
 
 @pytest.fixture(scope="module")
-def engine(fp32_engine):
-    return fp32_engine
+def runs(fp32_engine, chat_ids):
+    """exact and fly greedy runs of a few prompts."""
+    return greedy_runs(fp32_engine, chat_ids, PROMPTS[:3], {mode: GenerationConfig(mode=mode, max_new_tokens=TOKENS)
+                                                            for mode in ("exact", "fly")})
 
 
 @pytest.fixture(scope="module")
-def runs(engine, chat_ids):
-    """exact and fly greedy runs of a few prompts."""
-    out = {mode: [] for mode in ("exact", "fly")}
-    for prompt in PROMPTS[:3]:
-        ids = chat_ids(prompt)
-        for mode in out:
-            out[mode].append(engine.generate(ids, GenerationConfig(mode=mode, max_new_tokens=TOKENS)))
-    return out
+def engine(fp32_engine):
+    return fp32_engine
 
 
 def test_fly_accepts_more_tokens_per_forward_than_exact(runs):
