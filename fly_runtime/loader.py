@@ -201,8 +201,8 @@ def load_engine(settings: ModelSettings, tokenizer=None) -> FlyEngine:
 
 def _price_forms_from_tuning(engine: FlyEngine, model: ResolvedModel) -> None:
     """Where prompt lookup drafts alone (a draft costs nothing), each form's prices are the pass times tuning
-    recorded here, so the first request does not time them again (1.4 s on the GGUF, which every `fly generate`
-    paid); a form tuning did not time is timed on its first request, as before."""
+    recorded here, so the first request (all a `fly generate` makes) does not time them again; a form tuning did
+    not time is timed on its first request."""
     from fly_runtime.tuning import pass_prices, recorded_forms
 
     ms, _ = recorded_forms(model)

@@ -19,7 +19,7 @@ from fly_runtime.sources.resolve import is_onnx_export
 @pytest.fixture(scope="module")
 def exported_drafter():
     """The export, made once per version of the exporter and of the model, and kept in the cache's
-    ``test-fixtures`` (`fly models prune` deletes it): the export is the test's input, and making it took 50 s."""
+    ``test-fixtures`` (`fly models prune` deletes it): the export is the test's input, and slow to make."""
     from importlib.metadata import version
 
     from fly_runtime.sources.cache import atomic_directory, cache_dir
