@@ -380,7 +380,7 @@ class FlyEngine:
         if 0 < request.config.warn_prompt_tokens < len(unread):
             self._warn_long_read(len(unread), learned)
         began = time.perf_counter()
-        logits = self._read_prompt(target, unread, request.deadline)
+        logits = self._read_prompt(target, unread, request.deadline, learned.prefill_per_token)
         read = len(target) - stats.cached_tokens  # less than unread where the timeout cut it short
         request.writing_since = time.perf_counter()
         request.read = (read, request.writing_since - began)
@@ -435,6 +435,7 @@ class FlyEngine:
         return CostProfile(step=step, row=max(0.0, nine - step) / 8, draft=draft_token)
 
     PROMPT_CHUNK = 128  # tokens per target pass while reading a prompt: a timeout or Ctrl-C acts within one
+    CHUNK_SECONDS = 1.0  # where reading is fast (a prompt reader on llama.cpp), larger chunks of about this long
 
     def _warn_long_read(self, tokens: int, learned: Learned) -> None:
         rate = learned.prefill_per_token
@@ -443,17 +444,23 @@ class FlyEngine:
                       f"{self.PROMPT_CHUNK} tokens (warn_prompt_tokens sets when this is said)", FlyWarning,
                       stacklevel=2)
 
-    def _read_prompt(self, target: CachedSequence, ids: list[int], deadline: float | None) -> torch.Tensor | None:
+    def _read_prompt(self, target: CachedSequence, ids: list[int], deadline: float | None,
+                     rate: float | None = None) -> torch.Tensor | None:
         """Feed the prompt in chunks, so that a timeout (and Ctrl-C, which waits for the running pass) takes
-        effect within one chunk instead of after the whole read; None where the deadline passed first."""
+        effect within one chunk instead of after the whole read; None where the deadline passed first. Where
+        reading was measured fast (``rate``: seconds a token), chunks of about ``CHUNK_SECONDS``, up to four times
+        ``PROMPT_CHUNK``: each chunk costs a pass of its own besides its tokens."""
+        chunk = self.PROMPT_CHUNK
+        if rate:
+            chunk = max(chunk, min(4 * chunk, int(self.CHUNK_SECONDS / rate)))
         done = 0
         while True:
             if deadline is not None and time.perf_counter() > deadline:
                 return None
-            if len(ids) - done <= self.PROMPT_CHUNK:
+            if len(ids) - done <= chunk:
                 return target.extend(ids[done:], keep=1)
-            target.extend(ids[done:done + self.PROMPT_CHUNK], keep=1)
-            done += self.PROMPT_CHUNK
+            target.extend(ids[done:done + chunk], keep=1)
+            done += chunk
 
     @staticmethod
     def _learn_prefill(tokens: int, seconds: float, learned: Learned) -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import weakref
 from dataclasses import dataclass
 from typing import Literal
 
 from fly_runtime.backends.base import Backend, CachedSequence
-from fly_runtime.backends.registry import load_tokenizer, open_backend, open_target  # noqa: F401 (public here too)
+from fly_runtime.backends.registry import GGUF, load_tokenizer, open_backend, open_target  # noqa: F401 (public here too)
 from fly_runtime.drafters import Drafter, ModelDrafter, NgramDrafter, ReplyHistory
 from fly_runtime.engine import FlyEngine, TargetForm
 from fly_runtime.errors import FlyError, IncompatibleModelsError, InvalidSettingsError
@@ -154,8 +155,11 @@ def load_engine(settings: ModelSettings, tokenizer=None) -> FlyEngine:
     tokenizer = tokenizer or load_tokenizer(target_model)
     vocab_size = len(tokenizer)
     precision = target_precision(settings, target_model, tokenizer) if kind == "onnx" else "fp32"
+    reader = _prompt_reader(target_model) if kind == "onnx" else None
     target_backend = open_backend(target_model, kind, precision, device=settings.device,
                                   sequences=settings.max_batch or max(BATCH_CANDIDATES))
+    if precision == GGUF:
+        target_backend.reader = reader  # type: ignore[attr-defined]
     draft_name = settings.draft
     if draft_name == AUTO_DRAFT:
         draft_name = auto_drafter(settings.target, tokenizer)
@@ -177,7 +181,7 @@ def load_engine(settings: ModelSettings, tokenizer=None) -> FlyEngine:
     max_batch = settings.max_batch
     if max_batch is None and getattr(target_backend, "sequences", 1) > 1:
         max_batch = choose_batch(target_backend, target_model)
-    alternates, router = _held_forms(settings, kind, target_model, precision, target_backend.max_context)
+    alternates, router = _held_forms(settings, kind, target_model, precision, target_backend.max_context, reader)
     engine = FlyEngine(
         CachedSequence(target_backend),
         tokenizer,
@@ -226,7 +230,8 @@ def _held_names(settings: ModelSettings, kind: str, model: ResolvedModel, precis
     return (ms, held) if precision in ms else ({}, [])
 
 
-def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precision: str, max_context: int):
+def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precision: str, max_context: int,
+                reader=None):
     """The other forms of the target ``precision="auto"`` holds on this machine (tuning's record), each opened on
     its first request, and the router that sends each request to the form predicted to finish it soonest; none
     where the precision is set, or no other form steps or reads faster here."""
@@ -244,12 +249,34 @@ def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precis
             if p == GGUF else (max_context, 1)
 
         def opener(p: str = p, context: int = context, batch: int = batch) -> CachedSequence:
-            return CachedSequence(open_target(model, p, sequences=batch, context=context if p == GGUF else 0))
+            backend = open_target(model, p, sequences=batch, context=context if p == GGUF else 0)
+            if p == GGUF:
+                backend.reader = reader  # type: ignore[attr-defined]
+            return CachedSequence(backend)
 
         alternates.append(TargetForm(p, context, opener=opener, max_batch=batch))
     router = Router.timed(ms, [precision, *held], recorded_prices(model))
+    if reader is not None and GGUF in (precision, *held):
+        router.reader_form, router.reader = GGUF, reader
     _routers[router] = model
     return alternates, router
+
+
+def _prompt_reader(model: ResolvedModel):
+    """A prompt reader's slot for the model's llama.cpp form (fly_runtime/backends/bf16_reader.py): long prompt
+    reads in bfloat16 where this CPU's matrix units make them several times faster than llama.cpp's own, opened
+    once that has paid for its opening; only with ``FLY_PROMPT_READER=1`` (off by default until it pays end to end
+    in `fly bench`: docs/design.md), and None where the model came as no GGUF or the reader does not compute it."""
+    if model.gguf is None or os.environ.get("FLY_PROMPT_READER", "0") != "1":
+        return None
+    from fly_runtime.backends.bf16_reader import ReaderSlot
+    from fly_runtime.tuning import bf16_product_ms, read_ms, recorded_forms
+
+    slot = ReaderSlot.for_model(model.gguf, bf16_product_ms())
+    ms, _ = recorded_forms(model)
+    if slot is not None and GGUF in ms:
+        slot.own_ms = read_ms(ms[GGUF])  # llama.cpp's reads as tuning timed them, until its own are seen
+    return slot
 
 
 def form_for_one_request(settings: ModelSettings, prompt_tokens: int, config) -> str | None:

@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fly_runtime.adaptive import CostProfile
 from fly_runtime.config import GenerationConfig
+
+if TYPE_CHECKING:
+    from fly_runtime.backends.bf16_reader import ReaderSlot
 
 # what a request is, for the prices learned: replies under a grammar (JSON schema, a forced call), replies that may
 # call tools (their calls copy names and arguments from the prompt), free text, and plain decoding (mode ar)
@@ -83,6 +87,10 @@ class Router:
     _reply: dict[str, float] = field(default_factory=dict)  # kind -> tokens
     _missed: dict[str, float] = field(default_factory=dict)  # form not open -> seconds it would have saved so far
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # a prompt reader for one form (bf16_reader.ReaderSlot, llama.cpp's): reads there cost the reader's price once
+    # it is open or has paid for its opening, which the reads served anywhere count toward
+    reader_form: str | None = None
+    reader: ReaderSlot | None = None
 
     @classmethod
     def timed(cls, ms: dict[str, dict], forms: list[str], learned: dict | None = None) -> "Router":
@@ -108,7 +116,12 @@ class Router:
         price = self.prices[form]
         reply = min(max_new_tokens, self._reply.get(kind, PRIOR_REPLY))
         written = self._written.get((form, kind), price.written(kind))
-        return unread * self._read.get(form, price.read) + reply * written
+        return unread * self._read_price(form) + reply * written
+
+    def _read_price(self, form: str) -> float:
+        if form == self.reader_form and self.reader is not None and self.reader.ready():
+            return self.reader.reader_ms / 1000
+        return self._read.get(form, self.prices[form].read)
 
     def choose(self, kind: str, unread: dict[str, int], max_new_tokens: int, open_forms: set[str]) -> str:
         """The form that serves the request soonest; ``unread``: the prompt tokens each form must still read
@@ -133,6 +146,8 @@ class Router:
         with self._lock:
             if tokens >= MIN_READ:
                 _learn(self._read, form, seconds / tokens)
+                if self.reader is not None and form != self.reader_form:
+                    self.reader.offer(tokens, seconds)
             if new_tokens > 1:  # a one-token reply is all prompt read and overhead
                 _learn(self._written, (form, kind), write_seconds / new_tokens)
                 if stopped:

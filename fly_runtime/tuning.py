@@ -415,6 +415,20 @@ def forms_in_use() -> dict[str, str]:
     return used
 
 
+def bf16_product_ms() -> float:
+    """The bfloat16 matrix product a prompt reader's price is predicted from (backends/bf16_reader.py), timed once
+    per machine and recorded."""
+    key = f"{machine_id()}|bf16-product"
+    record = load_records().get(key)
+    if record is not None and record.get("version") == RECORD_VERSION:
+        return float(record["ms"])
+    from fly_runtime.backends.bf16_reader import product_ms
+
+    ms = product_ms()
+    _record(key, {"ms": round(ms, 2)})
+    return ms
+
+
 # ------------------------------------------------------------------------------------------ batch size
 BATCH_CANDIDATES = (1, 2, 4, 8, 16)  # requests decoded together; the largest is what a target is opened with
 BATCH_NEAR_BEST = 0.95  # the smallest batch within this share of the best throughput: latency for nothing else

@@ -24,6 +24,7 @@ decoding", has the cost).
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
@@ -31,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fly_runtime.backends.llama_cpp_state import SeqCells, UnknownLayout, pack, parse
 from fly_runtime.errors import FlyError, InvalidSettingsError
 
 
@@ -76,6 +78,7 @@ class LlamaCppBackend:
         self.name = f"llama.cpp-{gguf.stem}"
         self._lengths = [0] * sequences
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fly-llama-cpp")
+        self.reader = None  # a bf16_reader.ReaderSlot where a prompt reader may pay here (registry.py attaches it)
 
     def forward(self, input_ids: Sequence[int], keep: int | None = None) -> torch.Tensor:
         return self.forward_rows([(0, input_ids, keep)])[0]
@@ -85,7 +88,70 @@ class LlamaCppBackend:
 
     def forward_rows(self, parts: Sequence[tuple[int, Sequence[int], int | None]]) -> list[torch.Tensor]:
         """Append each part's ids to its sequence, all in one pass (split every ``BATCH`` tokens); the float32
-        logits of the last ``keep`` ids of each part (default all), in the parts' order."""
+        logits of the last ``keep`` ids of each part (default all), in the parts' order. Where a prompt reader is
+        attached (``reader``), a part's leading ids whose logits are not wanted are read by it first."""
+        if self.reader is None:
+            return self._pass(parts)
+        parts = [self._read_ahead(seq, ids, keep) for seq, ids, keep in parts]
+        began = time.perf_counter()
+        out = self._pass(parts)
+        if len(parts) == 1:  # one part alone: its time prices llama.cpp's own reads
+            self.reader.learn(len(parts[0][1]), time.perf_counter() - began, by_reader=False)
+        return out
+
+    def _read_ahead(self, seq: int, ids: Sequence[int], keep: int | None) -> tuple[int, Sequence[int], int | None]:
+        """Read the ids of a part whose logits are not wanted with the prompt reader, where it pays, and hand their
+        keys and values to llama.cpp's cache; the part left for llama.cpp's own pass."""
+        unread = len(ids) - min(keep or len(ids), len(ids))
+        reader = self.reader.for_read(unread) if self.reader is not None else None
+        if reader is None or self._lengths[seq] + unread > self.max_context:
+            return seq, ids, keep
+        began = time.perf_counter()
+        try:
+            cells = self._cells(seq)
+        except UnknownLayout:  # another llama.cpp's layout: read the usual way from now on
+            self.reader = None
+            return seq, ids, keep
+        keys, values = reader.read(ids[:unread], cells.keys, cells.values)
+        self._put_cells(seq, cells, pack(cells, seq, keys, values), cells.count + unread)
+        self.reader.learn(unread, time.perf_counter() - began, by_reader=True)
+        return seq, ids[unread:], keep
+
+    def _cells(self, seq: int) -> SeqCells:
+        """Sequence ``seq``'s cells, viewed in a copy of llama.cpp's state of it."""
+        import ctypes
+
+        import llama_cpp
+
+        size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, seq)
+        buffer = np.empty(size, np.uint8)
+        llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                           size, seq)
+        return parse(buffer, llama_cpp.llama_model_n_layer(self._model.model))
+
+    def _put_cells(self, seq: int, old: SeqCells, new: np.ndarray, count: int) -> None:
+        """Make sequence ``seq`` hold the state ``new`` of ``count`` cells (its cells ``old``, extended); where
+        llama.cpp finds no room, the old cells are put back and KvCacheFull raised."""
+        import ctypes
+
+        import llama_cpp
+
+        need = sum(self._lengths) - self._lengths[seq] + count
+        if need > self.cells:
+            self._grow(min(max(2 * self.cells, need), self.max_context))
+        for raw, cells in ((new, count), (pack(old, seq), old.count)):
+            if llama_cpp.llama_state_seq_set_data(self._ctx.ctx, raw.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
+                                                  len(raw), seq):
+                self._lengths[seq] = cells
+                if raw is new:
+                    return
+                break
+        else:
+            self._lengths[seq] = 0
+        raise KvCacheFull(f"llama.cpp found no room for {count} cells of sequence {seq} in its KV cache "
+                          f"({self.cells} cells): fewer requests or shorter prompts at once, or a larger context")
+
+    def _pass(self, parts: Sequence[tuple[int, Sequence[int], int | None]]) -> list[torch.Tensor]:
         rows = [(seq, self._lengths[seq] + i, token, i >= len(ids) - min(keep or len(ids), len(ids)), p)
                 for p, (seq, ids, keep) in enumerate(parts) for i, token in enumerate(ids)]
         logits: list[list[np.ndarray]] = [[] for _ in parts]

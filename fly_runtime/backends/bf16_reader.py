@@ -1,0 +1,280 @@
+"""A prompt reader: the decoder's layers in bfloat16 on PyTorch, computing a long prompt's keys and values for
+llama.cpp's cache, so that llama.cpp writes the reply from them as if it had read the prompt itself.
+
+Why: on a CPU a prompt read is llama.cpp's slowest part (a RAG answer or a tool turn reads hundreds of tokens and
+writes tens; llama.cpp reads a token for a quarter of a step), and on a CPU with bfloat16 matrix units (AMX-BF16
+on an Intel Xeon; AVX512-BF16) PyTorch's oneDNN products read 512 rows five to six times faster, with no
+activation rounding to speak of (int8 activations cost a 1.5B model three points of agreement: docs/design.md).
+A step of a bfloat16 model reads twice an 8-bit model's bytes, so the writing stays on llama.cpp. Both compute
+the GGUF's weights (here dequantised to bfloat16), and the reader hands over keys after rotary and values in
+llama.cpp's own rows (llama_cpp_state.py). It holds no LM head: the last prompt token, whose logits are wanted,
+is llama.cpp's; and no embedding table beyond the GGUF's quantised rows, decoded per prompt.
+
+``ReaderSlot`` decides where it runs: opened once the reads it would have sped up add up to its opening, used
+while it reads at least ``GAIN`` times faster than llama.cpp does on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fly_runtime.sources.gguf_graph import Unsupported, read_layout
+
+CHUNK = 512  # prompt positions read at a time: bounds the attention scores' memory on long prompts
+BF16 = torch.bfloat16
+
+
+def _matrix(tensor) -> np.ndarray:
+    """A GGUF matrix dequantised to float32 [N, K] (gguf-py's decoder: the GGUF's own values)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    rows = int(np.prod(tensor.shape[1:]))
+    kind = GGMLQuantizationType(int(tensor.tensor_type))
+    return np.asarray(dequantize(np.asarray(tensor.data).reshape(rows, -1), kind), np.float32).reshape(rows, -1)
+
+
+def _vector(tensor) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(tensor.data, np.float32).copy())
+
+
+class _Layer:
+    def __init__(self, tensors: dict, i: int) -> None:
+        t = lambda name: tensors[f"blk.{i}.{name}"]  # noqa: E731
+        bf16 = lambda names: torch.from_numpy(np.concatenate([_matrix(t(n)) for n in names])).to(BF16)  # noqa: E731
+        self.attn_norm, self.ffn_norm = _vector(t("attn_norm.weight")), _vector(t("ffn_norm.weight"))
+        self.qkv = bf16(["attn_q.weight", "attn_k.weight", "attn_v.weight"])
+        biases = [tensors.get(f"blk.{i}.attn_{p}.bias") for p in "qkv"]
+        self.qkv_bias = torch.cat([_vector(b) for b in biases]) if all(b is not None for b in biases) else None
+        self.o = bf16(["attn_output.weight"])
+        self.gate_up = bf16(["ffn_gate.weight", "ffn_up.weight"])
+        self.down = bf16(["ffn_down.weight"])
+
+
+class PromptReader:
+    """Computes the keys and values of prompt tokens (``read``), from a GGUF's weights in bfloat16."""
+
+    def __init__(self, gguf_path: Path) -> None:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(gguf_path))
+        tensors = {t.name: t for t in reader.tensors}
+        self.layout = layout = read_layout(reader.fields, tensors)  # Unsupported: a family not written here
+        if layout.interleaved:
+            raise Unsupported("rotary pairs interleaved (a Llama GGUF's permuted rows)")
+        # the embedding's rows as stored (quantised), copied out of the mapped file: a prompt's rows are decoded from
+        # them, and the file's pages need not stay mapped beside the copy llama.cpp holds
+        embedding = tensors["token_embd.weight"]
+        self._embedding_kind = int(embedding.tensor_type)
+        self._embedding = np.array(np.asarray(embedding.data).reshape(int(np.prod(embedding.shape[1:])), -1))
+        self.layers = [_Layer(tensors, i) for i in range(layout.layers)]
+        self._inv_freq = layout.rope_base ** (-torch.arange(0, layout.head_dim, 2, dtype=torch.float64)
+                                              / layout.head_dim)
+
+    @property
+    def row_width(self) -> int:
+        """Floats a position's keys (and its values) take in one layer: kv_heads * head_dim."""
+        return self.layout.kv_heads * self.layout.head_dim
+
+    def embed(self, ids: Sequence[int]) -> torch.Tensor:
+        """The prompt's embedding rows, float32 [n, hidden], dequantised from the GGUF's rows of those ids alone."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        raw = self._embedding[np.asarray(ids, np.int64)]
+        rows = dequantize(raw, GGMLQuantizationType(self._embedding_kind))
+        return torch.from_numpy(np.asarray(rows, np.float32).reshape(len(ids), -1))
+
+    def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = torch.outer(positions.double(), self._inv_freq).float()  # [n, head_dim / 2]
+        return torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+
+    @torch.inference_mode()
+    def read(self, ids: Sequence[int], past_keys: Sequence[np.ndarray] = (),
+             past_values: Sequence[np.ndarray] = ()) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The keys and values of ``ids`` following the cached positions ``past_keys`` / ``past_values`` (per
+        layer [positions, kv_heads * head_dim], any float type; empty for a prompt's start), per layer float16
+        [len(ids), kv_heads * head_dim], keys after rotary: llama.cpp's rows."""
+        L = self.layout
+        start = len(past_keys[0]) if len(past_keys) else 0
+        # per layer, what attention reads: [kv_heads, positions, head_dim] bfloat16
+        as_heads = lambda rows: torch.from_numpy(np.asarray(rows, np.float32)).view(-1, L.kv_heads, L.head_dim).transpose(0, 1).to(BF16)  # noqa: E731
+        keys = [as_heads(k) for k in past_keys] if start else [torch.empty(L.kv_heads, 0, L.head_dim, dtype=BF16)] * L.layers
+        values = [as_heads(v) for v in past_values] if start else list(keys)
+        new_keys: list[list[torch.Tensor]] = [[] for _ in range(L.layers)]
+        new_values: list[list[torch.Tensor]] = [[] for _ in range(L.layers)]
+        previous = torch.get_num_threads()
+        torch.set_num_threads(os.cpu_count() or 1)  # every core (the engine keeps torch to one while llama.cpp runs)
+        try:
+            for at in range(0, len(ids), CHUNK):
+                self._read_chunk(ids[at:at + CHUNK], start + at, keys, values, new_keys, new_values)
+        finally:
+            torch.set_num_threads(previous)
+        rows = lambda parts: [torch.cat(p).reshape(len(ids), -1).to(torch.float16).numpy() for p in parts]  # noqa: E731
+        return rows(new_keys), rows(new_values)
+
+    def _read_chunk(self, ids: Sequence[int], start: int, keys: list, values: list, new_keys: list,
+                    new_values: list) -> None:
+        L = self.layout
+        n = len(ids)
+        x = self.embed(ids)
+        cos, sin = self._rotary(torch.arange(start, start + n))
+        q_width, kv_width = L.heads * L.head_dim, L.kv_heads * L.head_dim
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.attn_norm, L.eps).to(BF16)
+            qkv = torch.nn.functional.linear(h, layer.qkv).float()
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
+            q = _rope(qkv[:, :q_width].view(n, L.heads, L.head_dim), cos, sin)
+            k = _rope(qkv[:, q_width:q_width + kv_width].view(n, L.kv_heads, L.head_dim), cos, sin)
+            v = qkv[:, q_width + kv_width:].view(n, L.kv_heads, L.head_dim)
+            new_keys[i].append(k)
+            new_values[i].append(v)
+            keys[i] = torch.cat([keys[i], k.transpose(0, 1).to(BF16)], dim=1)
+            values[i] = torch.cat([values[i], v.transpose(0, 1).to(BF16)], dim=1)
+            attn = _attention(q, keys[i], values[i], start, L.head_dim ** -0.5)
+            x = x + torch.nn.functional.linear(attn.to(BF16), layer.o).float()
+            h = _rms_norm(x, layer.ffn_norm, L.eps).to(BF16)
+            gate, up = torch.nn.functional.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, layer.down).float()
+
+
+QUERY_BLOCK = 128  # queries scored together: a block sees the keys up to its last position, not the whole chunk's
+
+
+def _attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float) -> torch.Tensor:
+    """Causal attention of queries [n, heads, head_dim] at positions ``start``.. over ``keys`` / ``values``
+    [kv_heads, start + n, head_dim] (bfloat16); the heads sharing a key-value head are scored as one matrix
+    product. Returns [n, heads * head_dim] float32."""
+    n, heads, dim = q.shape
+    kv_heads = keys.shape[0]
+    group = heads // kv_heads
+    out = torch.empty(n, heads, dim)
+    for a in range(0, n, QUERY_BLOCK):
+        b = min(n, a + QUERY_BLOCK)
+        seen = start + b
+        # [kv_heads, group * rows, dim]: heads h * group .. h * group + group - 1 read key-value head h
+        qb = (q[a:b] * scale).to(torch.bfloat16).permute(1, 0, 2).reshape(kv_heads, group * (b - a), dim)
+        scores = torch.bmm(qb, keys[:, :seen].transpose(1, 2)).float().view(kv_heads, group, b - a, seen)
+        # row i (position start + a + i) sees keys up to and including its own position
+        hidden = torch.arange(seen)[None, :] > torch.arange(start + a, start + b)[:, None]
+        scores.masked_fill_(hidden, float("-inf"))
+        probs = torch.softmax(scores, -1).to(torch.bfloat16).view(kv_heads, group * (b - a), seen)
+        out[a:b] = torch.bmm(probs, values[:, :seen]).view(heads, b - a, dim).transpose(0, 1)
+    return out.view(n, heads * dim)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of [n, heads, head_dim] with the halves apart (NeoX style, as Qwen2's GGUF and the graph's
+    GroupQueryAttention); ``cos`` / ``sin`` [n, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+# what a read costs beyond its matrix products (attention, norms, conversions), as measured on the 1.5B
+READ_OVERHEAD = 2.0
+PRODUCT = (512, 1536, 8960)  # the bfloat16 product timed once per machine (rows, K, N)
+
+
+def product_ms(repeats: int = 5) -> float:
+    """Median milliseconds of one bfloat16 product of ``PRODUCT``'s shape on this machine's CPU."""
+    from fly_runtime.timing import median_seconds
+
+    rows, k, n = PRODUCT
+    x, w = torch.randn(rows, k, dtype=BF16), torch.randn(n, k, dtype=BF16)
+    return median_seconds(lambda: torch.nn.functional.linear(x, w), repeats, warmup=2) * 1000
+
+
+def readable_params(gguf_path: Path) -> int:
+    """Weights of a GGUF's decoder layers (what a read multiplies every token by); ``Unsupported`` where the
+    reader does not compute this model (its family, interleaved rotary pairs)."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(gguf_path))
+    tensors = {t.name: t for t in reader.tensors}
+    if read_layout(reader.fields, tensors).interleaved:
+        raise Unsupported("rotary pairs interleaved (a Llama GGUF's permuted rows)")
+    return sum(int(np.prod(t.shape)) for t in tensors.values() if t.name.startswith("blk.") and len(t.shape) == 2)
+
+
+def predicted_ms_per_token(params: int, product: float) -> float:
+    """A read's milliseconds a token for a model of ``params`` decoder weights, from the timed product
+    (``product_ms``)."""
+    rows, k, n = PRODUCT
+    return product / rows * params / (k * n) * READ_OVERHEAD
+
+
+class ReaderSlot:
+    """Where a prompt reader may pay: opened once the reads it would have sped up add up to what opening it costs
+    (the ski-rental rule, as for a second form of the target), then used for every read of ``MIN_TOKENS`` or more
+    while it stays faster than the backend's own reads. The backend tells it what its own reads cost."""
+
+    MIN_TOKENS = 32
+    LEARN_RATE = 0.3
+    SECONDS_PER_PARAM = 16e-9  # opening: each weight dequantised and rounded to bfloat16 (21 s for the 1.5B)
+    GAIN = 2.0  # a reader is worth its memory (2 bytes a weight) where it reads at least this much faster
+
+    def __init__(self, gguf_path: Path, reader_ms: float, open_seconds: float) -> None:
+        self.gguf_path = gguf_path
+        self.reader_ms = reader_ms  # predicted, then learned from the reader's own reads
+        self.open_seconds = open_seconds
+        self.own_ms: float | None = None  # the backend's own reads, a token
+        self.missed = 0.0  # seconds the reader would have saved so far, unopened
+        self.reader: PromptReader | None = None
+
+    @classmethod
+    def for_model(cls, gguf_path: Path, product: float) -> "ReaderSlot | None":
+        """A slot for a GGUF's model priced from this machine's timed product, or None where the reader does not
+        compute that model."""
+        try:
+            params = readable_params(gguf_path)
+        except Unsupported:
+            return None
+        return cls(gguf_path, predicted_ms_per_token(params, product), params * cls.SECONDS_PER_PARAM)
+
+    def learn(self, tokens: int, seconds: float, by_reader: bool) -> None:
+        """A read of ``tokens`` took ``seconds``, by the reader or by the backend itself."""
+        if tokens < self.MIN_TOKENS:
+            return
+        ms = 1000 * seconds / tokens
+        if by_reader:
+            self.reader_ms = (1 - self.LEARN_RATE) * self.reader_ms + self.LEARN_RATE * ms
+        else:
+            self.own_ms = ms if self.own_ms is None else (1 - self.LEARN_RATE) * self.own_ms + self.LEARN_RATE * ms
+
+    def offer(self, tokens: int, seconds: float) -> None:
+        """A read of ``tokens`` took ``seconds`` elsewhere (another form of the target): what the reader would have
+        saved counts toward opening it."""
+        if self.reader is None and tokens >= self.MIN_TOKENS:
+            self.missed += max(0.0, seconds - tokens * self.reader_ms / 1000)
+
+    def ready(self) -> bool:
+        """Whether reads here go to the reader: it is open, or has paid for its opening and is worth its memory."""
+        return self.reader is not None or (self.missed >= self.open_seconds and self._worth())
+
+    def _worth(self) -> bool:
+        return self.own_ms is not None and self.reader_ms * self.GAIN <= self.own_ms
+
+    def for_read(self, tokens: int) -> PromptReader | None:
+        """The reader, for a read of ``tokens``, where it pays (opened now if the rule says so); else None."""
+        if tokens < self.MIN_TOKENS or self.own_ms is None:
+            return None
+        if not self._worth():  # not worth its memory here: back, and never again
+            self.reader, self.open_seconds = None, float("inf")
+            return None
+        if self.reader is None:
+            self.missed += tokens * (self.own_ms - self.reader_ms) / 1000
+            if self.missed < self.open_seconds:
+                return None
+            self.reader = PromptReader(self.gguf_path)
+        return self.reader

@@ -1,0 +1,194 @@
+"""The prompt reader (fly_runtime/backends/bf16_reader.py) against a float64 decoder written here, on a tiny
+random Qwen2-style GGUF written by the test; llama.cpp's sequence-state layout (llama_cpp_state.py); the rule that
+opens a reader."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from fly_runtime.backends import llama_cpp_state as state
+from fly_runtime.backends.bf16_reader import PromptReader, ReaderSlot
+
+LAYERS, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB, EPS, BASE = 2, 64, 4, 2, 16, 96, 50, 1e-6, 10000.0
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 2-layer Qwen2-style GGUF of random float32 weights, and the weights (numpy, [out, in])."""
+    import gguf
+
+    rng = np.random.default_rng(0)
+    w = {"token_embd.weight": rng.normal(0, 1, (VOCAB, HIDDEN)).astype(np.float32)}
+    for i in range(LAYERS):
+        b = f"blk.{i}."
+        w |= {b + "attn_norm.weight": rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32),
+              b + "ffn_norm.weight": rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32),
+              b + "attn_q.weight": rng.normal(0, 0.2, (HEADS * HEAD_DIM, HIDDEN)).astype(np.float32),
+              b + "attn_k.weight": rng.normal(0, 0.2, (KV_HEADS * HEAD_DIM, HIDDEN)).astype(np.float32),
+              b + "attn_v.weight": rng.normal(0, 0.2, (KV_HEADS * HEAD_DIM, HIDDEN)).astype(np.float32),
+              b + "attn_q.bias": rng.normal(0, 0.1, HEADS * HEAD_DIM).astype(np.float32),
+              b + "attn_k.bias": rng.normal(0, 0.1, KV_HEADS * HEAD_DIM).astype(np.float32),
+              b + "attn_v.bias": rng.normal(0, 0.1, KV_HEADS * HEAD_DIM).astype(np.float32),
+              b + "attn_output.weight": rng.normal(0, 0.2, (HIDDEN, HEADS * HEAD_DIM)).astype(np.float32),
+              b + "ffn_gate.weight": rng.normal(0, 0.2, (FFN, HIDDEN)).astype(np.float32),
+              b + "ffn_up.weight": rng.normal(0, 0.2, (FFN, HIDDEN)).astype(np.float32),
+              b + "ffn_down.weight": rng.normal(0, 0.2, (HIDDEN, FFN)).astype(np.float32)}
+    w["output_norm.weight"] = np.ones(HIDDEN, np.float32)
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "qwen2")
+    writer.add_block_count(LAYERS)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_context_length(256)
+    writer.add_rope_freq_base(BASE)
+    writer.add_layer_norm_rms_eps(EPS)
+    for name, array in w.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, w
+
+
+def reference_kv(w: dict, ids: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each layer's keys (after rotary, halves apart) and values, float64 [positions, kv_heads * head_dim]."""
+    x = w["token_embd.weight"][ids].astype(np.float64)
+    n = len(ids)
+    inv = BASE ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
+    angles = np.outer(np.arange(n), inv)
+    cos, sin = np.cos(np.concatenate([angles] * 2, 1)), np.sin(np.concatenate([angles] * 2, 1))
+
+    def rope(t):  # [n, heads, head_dim]
+        half = HEAD_DIM // 2
+        return t * cos[:, None] + np.concatenate([-t[..., half:], t[..., :half]], -1) * sin[:, None]
+
+    def norm(t, weight):
+        return t / np.sqrt((t ** 2).mean(-1, keepdims=True) + EPS) * weight
+
+    keys, values = [], []
+    for i in range(LAYERS):
+        b = lambda name: w[f"blk.{i}.{name}"].astype(np.float64)  # noqa: E731
+        h = norm(x, b("attn_norm.weight"))
+        q = rope((h @ b("attn_q.weight").T + b("attn_q.bias")).reshape(n, HEADS, HEAD_DIM))
+        k = rope((h @ b("attn_k.weight").T + b("attn_k.bias")).reshape(n, KV_HEADS, HEAD_DIM))
+        v = (h @ b("attn_v.weight").T + b("attn_v.bias")).reshape(n, KV_HEADS, HEAD_DIM)
+        keys.append(k.reshape(n, -1))
+        values.append(v.reshape(n, -1))
+        out = np.empty((n, HEADS, HEAD_DIM))
+        for head in range(HEADS):
+            kv = head // (HEADS // KV_HEADS)
+            scores = q[:, head] @ k[:, kv].T / np.sqrt(HEAD_DIM)
+            scores[np.triu_indices(n, 1)] = -np.inf
+            p = np.exp(scores - scores.max(-1, keepdims=True))
+            out[:, head] = (p / p.sum(-1, keepdims=True)) @ v[:, kv]
+        x = x + out.reshape(n, -1) @ b("attn_output.weight").T
+        h = norm(x, b("ffn_norm.weight"))
+        gate, up = h @ b("ffn_gate.weight").T, h @ b("ffn_up.weight").T
+        x = x + (gate / (1 + np.exp(-gate)) * up) @ b("ffn_down.weight").T
+    return keys, values
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    return float(np.abs(got.astype(np.float64) - want).mean() / np.abs(want).mean())
+
+
+def test_reader_computes_the_models_keys_and_values(tiny):
+    path, w = tiny
+    ids = [3, 17, 5, 42, 8, 8, 1, 30, 12, 7, 44, 2, 9]
+    keys, values = PromptReader(path).read(ids)
+    want_k, want_v = reference_kv(w, ids)
+    assert len(keys) == LAYERS and keys[0].shape == (len(ids), KV_HEADS * HEAD_DIM) and keys[0].dtype == np.float16
+    for got, want in zip(keys + values, want_k + want_v):
+        assert relative_error(got, want) < 0.02  # bfloat16 products: about 2**-8 per product
+
+
+def test_a_read_after_cached_positions_equals_one_read(tiny):
+    path, w = tiny
+    ids = [3, 17, 5, 42, 8, 8, 1, 30, 12, 7, 44, 2, 9]
+    reader = PromptReader(path)
+    first_k, first_v = reader.read(ids[:6])
+    rest_k, rest_v = reader.read(ids[6:], first_k, first_v)
+    want_k, want_v = reference_kv(w, ids)
+    for got, want in zip(rest_k + rest_v, want_k + want_v):
+        assert got.shape == (len(ids) - 6, KV_HEADS * HEAD_DIM)
+        assert relative_error(got, want[6:]) < 0.02
+
+
+def test_reads_longer_than_a_chunk_and_a_query_block(tiny, monkeypatch):
+    from fly_runtime.backends import bf16_reader
+
+    monkeypatch.setattr(bf16_reader, "CHUNK", 5)
+    monkeypatch.setattr(bf16_reader, "QUERY_BLOCK", 3)
+    path, w = tiny
+    ids = [int(i) for i in np.random.default_rng(1).integers(0, VOCAB, 17)]
+    keys, values = PromptReader(path).read(ids)
+    want_k, want_v = reference_kv(w, ids)
+    for got, want in zip(keys + values, want_k + want_v):
+        assert relative_error(got, want) < 0.02
+
+
+def _state_bytes(head: bytes, count: int, seq: int, keys: list, values: list, transposed: int = 0) -> bytes:
+    """A sequence state as llama.cpp writes one, spelled out field by field."""
+    out = head + struct.pack("<II", 1, count)
+    for pos in range(count):
+        out += struct.pack("<iIi", pos, 1, seq)
+    out += struct.pack("<II", transposed, len(keys))
+    for part in (keys, values):
+        for rows in part:
+            out += struct.pack("<iQ", 1, rows.shape[1] * 2) + rows.astype(np.float16).tobytes()
+    return out
+
+
+def test_sequence_state_round_trip_and_extension():
+    rng = np.random.default_rng(2)
+    keys = [rng.normal(size=(4, 8)).astype(np.float16) for _ in range(3)]
+    values = [rng.normal(size=(4, 8)).astype(np.float16) for _ in range(3)]
+    raw = _state_bytes(b"\x01\x02\x03\x04\x05\x06\x07\x08", 4, 2, keys, values)
+    cells = state.parse(raw, layers=3)
+    assert cells.count == 4 and cells.head == raw[:8]
+    assert all((a == b).all() for a, b in zip(cells.keys + cells.values, keys + values))
+    assert state.pack(cells, seq=2).tobytes() == raw
+    assert state.parse(np.frombuffer(raw, np.uint8), layers=3).keys[1].tolist() == keys[1].tolist()
+    more_k = [rng.normal(size=(2, 8)) for _ in range(3)]
+    more_v = [rng.normal(size=(2, 8)) for _ in range(3)]
+    longer = state.pack(cells, 2, more_k, more_v).tobytes()
+    assert longer == _state_bytes(raw[:8], 6, 2, [np.concatenate([a, b.astype(np.float16)]) for a, b in zip(keys, more_k)],
+                                  [np.concatenate([a, b.astype(np.float16)]) for a, b in zip(values, more_v)])
+    empty = state.parse(raw[:8] + struct.pack("<II", 1, 0), layers=3)
+    assert empty.count == 0 and state.pack(empty, 0).tobytes() == raw[:8] + struct.pack("<II", 1, 0)
+    assert state.pack(empty, 0, more_k, more_v).tobytes() == \
+        _state_bytes(raw[:8], 2, 0, [k.astype(np.float16) for k in more_k], [v.astype(np.float16) for v in more_v])
+
+
+@pytest.mark.parametrize("change", ["transposed", "layers", "trailing", "streams"])
+def test_a_state_laid_out_otherwise_is_refused(change):
+    keys = [np.zeros((2, 4), np.float16)] * 2
+    raw = _state_bytes(bytes(8), 2, 0, keys, keys, transposed=int(change == "transposed"))
+    if change == "trailing":
+        raw += b"\0"
+    if change == "streams":
+        raw = raw[:8] + struct.pack("<I", 2) + raw[12:]
+    with pytest.raises(state.UnknownLayout):
+        state.parse(raw, layers=3 if change == "layers" else 2)
+
+
+def test_reader_opens_once_it_has_paid_and_only_where_it_is_worth_its_memory(tiny, monkeypatch):
+    path, _ = tiny
+    slot = ReaderSlot(path, reader_ms=2.0, open_seconds=1.0)
+    assert slot.for_read(1000) is None  # nothing known of the backend's own reads yet
+    slot.learn(100, 1.0, by_reader=False)  # 10 ms a token
+    assert slot.for_read(ReaderSlot.MIN_TOKENS - 1) is None
+    assert slot.for_read(100) is None and slot.missed == pytest.approx(0.8)  # would have saved 0.8 s of 1.0
+    reader = slot.for_read(100)
+    assert isinstance(reader, PromptReader) and slot.for_read(100) is reader
+    for _ in range(3):  # the reader turns out slower than priced: 8 ms a token against llama.cpp's 10
+        slot.learn(100, 0.8, by_reader=True)
+    assert slot.reader_ms > 5.0 and slot.for_read(100) is None and slot.reader is None  # memory given back
+    slot.learn(100, 10.0, by_reader=False)
+    assert slot.for_read(100) is None  # and not opened again
