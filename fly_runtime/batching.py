@@ -156,6 +156,12 @@ class Slots:
 
     DRAFT_ROOM = 16  # cells a request may hold beyond its reply for one round's draft
 
+    @property
+    def read_chunk(self) -> int | None:
+        """Prompt tokens the backend reads best in one pass, where it says (a prompt reader's: its passes are
+        cheaper by the token the more they hold); None: no preference."""
+        return getattr(self._backend, "read_chunk", None)
+
     def __init__(self, target: CachedSequence, limit: int | None = None) -> None:
         """``limit``: sequences used of those the backend holds (None: all)."""
         backend = target.backend if target is not None else None
@@ -165,6 +171,7 @@ class Slots:
         self.sequences = ([target] if self.passes is None else
                           [CachedSequence(SequenceView(self.passes, s)) for s in range(count)])
         self.capacity = backend.max_context if backend is not None else 0
+        self._backend = backend
         self._cond = threading.Condition()
         self._free = list(range(len(self.sequences)))
         self._reserved: dict[int, int] = {}  # busy sequence -> the cells its request may fill

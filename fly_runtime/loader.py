@@ -156,6 +156,12 @@ def load_engine(settings: ModelSettings, tokenizer=None) -> FlyEngine:
     vocab_size = len(tokenizer)
     precision = target_precision(settings, target_model, tokenizer) if kind == "onnx" else "fp32"
     reader = _prompt_reader(target_model) if kind == "onnx" else None
+    chosen = precision
+    if reader is not None and reader.promising() and precision != GGUF and \
+            GGUF in _held_names(settings, kind, target_model, precision)[1]:
+        # llama.cpp with the reader reads faster than the form tuning chose for a typical turn, and steps faster:
+        # it serves first, the other form held beside it (opened once it pays)
+        precision = GGUF
     target_backend = open_backend(target_model, kind, precision, device=settings.device,
                                   sequences=settings.max_batch or max(BATCH_CANDIDATES))
     if precision == GGUF:
@@ -181,7 +187,8 @@ def load_engine(settings: ModelSettings, tokenizer=None) -> FlyEngine:
     max_batch = settings.max_batch
     if max_batch is None and getattr(target_backend, "sequences", 1) > 1:
         max_batch = choose_batch(target_backend, target_model)
-    alternates, router = _held_forms(settings, kind, target_model, precision, target_backend.max_context, reader)
+    alternates, router = _held_forms(settings, kind, target_model, precision, target_backend.max_context, reader,
+                                     chosen)
     engine = FlyEngine(
         CachedSequence(target_backend),
         tokenizer,
@@ -215,9 +222,10 @@ def _price_forms_from_tuning(engine: FlyEngine, model: ResolvedModel) -> None:
             form.learned.costs = pass_prices(ms[form.name])
 
 
-def _held_names(settings: ModelSettings, kind: str, model: ResolvedModel, precision: str) -> tuple[dict, list[str]]:
+def _held_names(settings: ModelSettings, kind: str, model: ResolvedModel, precision: str,
+                chosen: str | None = None) -> tuple[dict, list[str]]:
     """Tuning's pass times of each form, and the forms held beside ``precision`` that can run here (none where the
-    precision is set)."""
+    precision is set); ``chosen``: tuning's choice where ``precision`` replaced it (held beside it then)."""
     if settings.precision != "auto" or kind != "onnx" or model.exported_onnx:
         return {}, []
     from fly_runtime.backends.llama_cpp_backend import available
@@ -225,13 +233,15 @@ def _held_names(settings: ModelSettings, kind: str, model: ResolvedModel, precis
     from fly_runtime.tuning import recorded_forms
 
     ms, held = recorded_forms(model)
+    if chosen is not None and chosen != precision:  # the prompt reader put llama.cpp first: tuning's choice is held
+        held = [chosen, *held]
     gguf_runs = available() and model.gguf is not None
-    held = [p for p in held if (gguf_runs if p == GGUF else model.has_graph(p))]
+    held = [p for p in held if p != precision and (gguf_runs if p == GGUF else model.has_graph(p))]
     return (ms, held) if precision in ms else ({}, [])
 
 
 def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precision: str, max_context: int,
-                reader=None):
+                reader=None, chosen: str | None = None):
     """The other forms of the target ``precision="auto"`` holds on this machine (tuning's record), each opened on
     its first request, and the router that sends each request to the form predicted to finish it soonest; none
     where the precision is set, or no other form steps or reads faster here."""
@@ -239,7 +249,7 @@ def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precis
     from fly_runtime.sources.convert import GGUF
     from fly_runtime.tuning import recorded_batch, recorded_prices
 
-    ms, held = _held_names(settings, kind, model, precision)
+    ms, held = _held_names(settings, kind, model, precision, chosen)
     if not held:
         return [], None
     alternates = []
@@ -265,14 +275,15 @@ def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precis
 def _prompt_reader(model: ResolvedModel):
     """A prompt reader's slot for the model's llama.cpp form (fly_runtime/backends/bf16_reader.py): long prompt
     reads in bfloat16 where this CPU's matrix units make them several times faster than llama.cpp's own, opened
-    once that has paid for its opening; only with ``FLY_PROMPT_READER=1`` (off by default until it pays end to end
-    in `fly bench`: docs/design.md), and None where the model came as no GGUF or the reader does not compute it."""
-    if model.gguf is None or os.environ.get("FLY_PROMPT_READER", "0") != "1":
+    once that has paid for its opening; None where the model came as no GGUF, the reader does not compute it, or
+    ``FLY_PROMPT_READER=0`` leaves every read to llama.cpp."""
+    if model.gguf is None or os.environ.get("FLY_PROMPT_READER", "1") == "0":
         return None
     from fly_runtime.backends.bf16_reader import ReaderSlot
+    from fly_runtime.sources.cache import cache_dir
     from fly_runtime.tuning import bf16_product_ms, read_ms, recorded_forms
 
-    slot = ReaderSlot.for_model(model.gguf, bf16_product_ms())
+    slot = ReaderSlot.for_model(model.gguf, bf16_product_ms(), cache_dir() / "reader")
     ms, _ = recorded_forms(model)
     if slot is not None and GGUF in ms:
         slot.own_ms = read_ms(ms[GGUF])  # llama.cpp's reads as tuning timed them, until its own are seen

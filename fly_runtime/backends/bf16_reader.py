@@ -24,19 +24,60 @@ import numpy as np
 import torch
 
 from fly_runtime.sources.gguf_graph import Unsupported, read_layout
+from fly_runtime.sources.gguf_index import read_index
 
 CHUNK = 512  # prompt positions read at a time: bounds the attention scores' memory on long prompts
 BF16 = torch.bfloat16
 
 
-def _matrix(tensor) -> np.ndarray:
-    """A GGUF matrix dequantised to float32 [N, K] (gguf-py's decoder: the GGUF's own values)."""
+Q4_K, Q6_K = 12, 14  # ggml type ids: the two a Q4_K_M file is made of
+
+
+def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
+    """Q4_K super-blocks [n, 144] (d, dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of nibbles) to float32
+    [n, 256]: each 32 weights ``d * scale * q - dmin * minimum``."""
+    d = blocks[:, 0:2].contiguous().view(torch.float16).float()
+    dmin = blocks[:, 2:4].contiguous().view(torch.float16).float()
+    s = blocks[:, 4:16].int()
+    scale = torch.cat([s[:, 0:4] & 63, (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)], 1).float()
+    minimum = torch.cat([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], 1).float()
+    qs = blocks[:, 16:144].view(-1, 4, 32)  # four chunks of 64 weights: low nibbles first, then high
+    q = torch.stack([qs & 0xF, qs >> 4], 2).reshape(-1, 8, 32).float()
+    return (q * (d * scale)[:, :, None] - (dmin * minimum)[:, :, None]).reshape(-1, 256)
+
+
+def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
+    """Q6_K super-blocks [n, 210] (128 bytes of low bits, 64 of high bits, 16 int8 scales, d) to float32 [n, 256]:
+    each 16 weights ``d * scale * (q - 32)``."""
+    ql, qh = blocks[:, 0:128], blocks[:, 128:192]
+    scale = blocks[:, 192:208].contiguous().view(torch.int8).float()
+    d = blocks[:, 208:210].contiguous().view(torch.float16).float()
+    halves = []
+    for h in range(2):  # 128 weights each: 64 bytes of low bits, 32 of high bits
+        lo, hi = ql[:, 64 * h:64 * h + 64], qh[:, 32 * h:32 * h + 32]
+        halves += [(lo[:, 0:32] & 0xF) | ((hi & 3) << 4), (lo[:, 32:64] & 0xF) | (((hi >> 2) & 3) << 4),
+                   (lo[:, 0:32] >> 4) | (((hi >> 4) & 3) << 4), (lo[:, 32:64] >> 4) | ((hi >> 6) << 4)]
+    q = torch.stack(halves, 1).reshape(-1, 16, 16).float() - 32
+    return (q * (d * scale)[:, :, None]).reshape(-1, 256)
+
+
+_DECODERS = {Q4_K: (144, _q4_k), Q6_K: (210, _q6_k)}
+
+
+def _matrix(tensor) -> torch.Tensor:
+    """A GGUF matrix dequantised to bfloat16 [N, K]: Q4_K and Q6_K decoded in PyTorch (all cores, a few times
+    gguf-py's speed), other types by gguf-py."""
+    rows = int(np.prod(tensor.shape[1:]))
+    raw = np.asarray(tensor.data).reshape(rows, -1)
+    kind = int(tensor.tensor_type)
+    if kind in _DECODERS:
+        size, decode = _DECODERS[kind]
+        blocks = torch.from_numpy(np.array(raw)).view(-1, size)  # a copy: the mapped file is read-only
+        return decode(blocks).to(BF16).reshape(rows, -1)
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    rows = int(np.prod(tensor.shape[1:]))
-    kind = GGMLQuantizationType(int(tensor.tensor_type))
-    return np.asarray(dequantize(np.asarray(tensor.data).reshape(rows, -1), kind), np.float32).reshape(rows, -1)
+    return torch.from_numpy(np.array(dequantize(raw, GGMLQuantizationType(kind)), np.float32).reshape(rows, -1)).to(BF16)
 
 
 def _vector(tensor) -> torch.Tensor:
@@ -44,27 +85,48 @@ def _vector(tensor) -> torch.Tensor:
 
 
 class _Layer:
-    def __init__(self, tensors: dict, i: int) -> None:
+    FIELDS = ("attn_norm", "ffn_norm", "qkv", "qkv_bias", "o", "gate_up", "down")
+
+    def __init__(self, weights: dict[str, torch.Tensor]) -> None:
+        self.attn_norm, self.ffn_norm, self.qkv = weights["attn_norm"], weights["ffn_norm"], weights["qkv"]
+        self.qkv_bias = weights.get("qkv_bias")
+        self.o, self.gate_up, self.down = weights["o"], weights["gate_up"], weights["down"]
+
+    @classmethod
+    def from_gguf(cls, tensors: dict, i: int) -> "_Layer":
         t = lambda name: tensors[f"blk.{i}.{name}"]  # noqa: E731
-        bf16 = lambda names: torch.from_numpy(np.concatenate([_matrix(t(n)) for n in names])).to(BF16)  # noqa: E731
-        self.attn_norm, self.ffn_norm = _vector(t("attn_norm.weight")), _vector(t("ffn_norm.weight"))
-        self.qkv = bf16(["attn_q.weight", "attn_k.weight", "attn_v.weight"])
+        bf16 = lambda names: torch.cat([_matrix(t(n)) for n in names])  # noqa: E731
+        weights = {"attn_norm": _vector(t("attn_norm.weight")), "ffn_norm": _vector(t("ffn_norm.weight")),
+                   "qkv": bf16(["attn_q.weight", "attn_k.weight", "attn_v.weight"]),
+                   "o": bf16(["attn_output.weight"]), "gate_up": bf16(["ffn_gate.weight", "ffn_up.weight"]),
+                   "down": bf16(["ffn_down.weight"])}
         biases = [tensors.get(f"blk.{i}.attn_{p}.bias") for p in "qkv"]
-        self.qkv_bias = torch.cat([_vector(b) for b in biases]) if all(b is not None for b in biases) else None
-        self.o = bf16(["attn_output.weight"])
-        self.gate_up = bf16(["ffn_gate.weight", "ffn_up.weight"])
-        self.down = bf16(["ffn_down.weight"])
+        if all(b is not None for b in biases):
+            weights["qkv_bias"] = torch.cat([_vector(b) for b in biases])
+        return cls(weights)
+
+    def named(self, i: int) -> dict[str, torch.Tensor]:
+        return {f"{i}.{f}": getattr(self, f) for f in self.FIELDS if getattr(self, f) is not None}
+
+
+WEIGHTS_VERSION = 1  # of the cached bfloat16 weights' layout
+
+
+def weights_file(gguf_path: Path, folder: Path) -> Path:
+    """Where the reader's bfloat16 weights of ``gguf_path`` are kept: named by the file and its size and date, so
+    that another file of the same name is converted anew."""
+    stat = gguf_path.stat()
+    return folder / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}-v{WEIGHTS_VERSION}.safetensors"
 
 
 class PromptReader:
     """Computes the keys and values of prompt tokens (``read``), from a GGUF's weights in bfloat16."""
 
-    def __init__(self, gguf_path: Path) -> None:
-        from gguf import GGUFReader
-
-        reader = GGUFReader(str(gguf_path))
-        tensors = {t.name: t for t in reader.tensors}
-        self.layout = layout = read_layout(reader.fields, tensors)  # Unsupported: a family not written here
+    def __init__(self, gguf_path: Path, cache: Path | None = None) -> None:
+        """``cache``: a folder where the weights, once converted, are kept for the next opening (2 bytes a weight;
+        reading them back takes a second or two where converting the GGUF takes 20 s for a 1.5B)."""
+        fields, tensors = read_index(gguf_path)
+        self.layout = layout = read_layout(fields, tensors)  # Unsupported: a family not written here
         if layout.interleaved:
             raise Unsupported("rotary pairs interleaved (a Llama GGUF's permuted rows)")
         # the embedding's rows as stored (quantised), copied out of the mapped file: a prompt's rows are decoded from
@@ -72,7 +134,22 @@ class PromptReader:
         embedding = tensors["token_embd.weight"]
         self._embedding_kind = int(embedding.tensor_type)
         self._embedding = np.array(np.asarray(embedding.data).reshape(int(np.prod(embedding.shape[1:])), -1))
-        self.layers = [_Layer(tensors, i) for i in range(layout.layers)]
+        kept = weights_file(gguf_path, cache) if cache is not None else None
+        if kept is not None and kept.is_file():
+            from safetensors.torch import load_file
+
+            saved = load_file(str(kept))
+            self.layers = [_Layer({f: saved[f"{i}.{f}"] for f in _Layer.FIELDS if f"{i}.{f}" in saved})
+                           for i in range(layout.layers)]
+        else:
+            self.layers = [_Layer.from_gguf(tensors, i) for i in range(layout.layers)]
+            if kept is not None:
+                from safetensors.torch import save_file
+
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                scratch = kept.with_suffix(f".{os.getpid()}.partial")
+                save_file({k: v for i, layer in enumerate(self.layers) for k, v in layer.named(i).items()}, str(scratch))
+                scratch.replace(kept)
         self._inv_freq = layout.rope_base ** (-torch.arange(0, layout.head_dim, 2, dtype=torch.float64)
                                               / layout.head_dim)
 
@@ -198,11 +275,8 @@ def product_ms(repeats: int = 5) -> float:
 def readable_params(gguf_path: Path) -> int:
     """Weights of a GGUF's decoder layers (what a read multiplies every token by); ``Unsupported`` where the
     reader does not compute this model (its family, interleaved rotary pairs)."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(gguf_path))
-    tensors = {t.name: t for t in reader.tensors}
-    if read_layout(reader.fields, tensors).interleaved:
+    fields, tensors = read_index(gguf_path)
+    if read_layout(fields, tensors).interleaved:
         raise Unsupported("rotary pairs interleaved (a Llama GGUF's permuted rows)")
     return sum(int(np.prod(t.shape)) for t in tensors.values() if t.name.startswith("blk.") and len(t.shape) == 2)
 
@@ -221,11 +295,12 @@ class ReaderSlot:
 
     MIN_TOKENS = 32
     LEARN_RATE = 0.3
-    SECONDS_PER_PARAM = 16e-9  # opening: each weight dequantised and rounded to bfloat16 (21 s for the 1.5B)
+    SECONDS_PER_PARAM = 10e-9  # opening: each weight dequantised and rounded to bfloat16 (13 s for the 1.5B)
+    SECONDS_PER_PARAM_KEPT = 2e-9  # opening from the weights kept by an earlier opening (mapped, read on first use)
     GAIN = 2.0  # a reader is worth its memory (2 bytes a weight) where it reads at least this much faster
 
-    def __init__(self, gguf_path: Path, reader_ms: float, open_seconds: float) -> None:
-        self.gguf_path = gguf_path
+    def __init__(self, gguf_path: Path, reader_ms: float, open_seconds: float, cache: Path | None = None) -> None:
+        self.gguf_path, self.cache = gguf_path, cache
         self.reader_ms = reader_ms  # predicted, then learned from the reader's own reads
         self.open_seconds = open_seconds
         self.own_ms: float | None = None  # the backend's own reads, a token
@@ -233,14 +308,16 @@ class ReaderSlot:
         self.reader: PromptReader | None = None
 
     @classmethod
-    def for_model(cls, gguf_path: Path, product: float) -> "ReaderSlot | None":
+    def for_model(cls, gguf_path: Path, product: float, cache: Path | None = None) -> "ReaderSlot | None":
         """A slot for a GGUF's model priced from this machine's timed product, or None where the reader does not
-        compute that model."""
+        compute that model; its weights kept in ``cache`` (then opening costs a read of them, not a conversion)."""
         try:
             params = readable_params(gguf_path)
         except Unsupported:
             return None
-        return cls(gguf_path, predicted_ms_per_token(params, product), params * cls.SECONDS_PER_PARAM)
+        kept = cache is not None and weights_file(gguf_path, cache).is_file()
+        opening = params * (cls.SECONDS_PER_PARAM_KEPT if kept else cls.SECONDS_PER_PARAM)
+        return cls(gguf_path, predicted_ms_per_token(params, product), opening, cache)
 
     def learn(self, tokens: int, seconds: float, by_reader: bool) -> None:
         """A read of ``tokens`` took ``seconds``, by the reader or by the backend itself."""
@@ -262,19 +339,26 @@ class ReaderSlot:
         """Whether reads here go to the reader: it is open, or has paid for its opening and is worth its memory."""
         return self.reader is not None or (self.missed >= self.open_seconds and self._worth())
 
-    def _worth(self) -> bool:
+    def promising(self) -> bool:
+        """Predicted (before it opens) to read ``GAIN`` times as fast as the backend."""
         return self.own_ms is not None and self.reader_ms * self.GAIN <= self.own_ms
+
+    def _worth(self) -> bool:
+        """Predicted to read ``GAIN`` times as fast as the backend before it opens; once open, faster at all."""
+        if self.own_ms is None:
+            return False
+        return self.reader_ms < self.own_ms if self.reader is not None else self.reader_ms * self.GAIN <= self.own_ms
 
     def for_read(self, tokens: int) -> PromptReader | None:
         """The reader, for a read of ``tokens``, where it pays (opened now if the rule says so); else None."""
         if tokens < self.MIN_TOKENS or self.own_ms is None:
             return None
-        if not self._worth():  # not worth its memory here: back, and never again
+        if not self._worth():  # not worth its memory here (or slower after all): back, and never again
             self.reader, self.open_seconds = None, float("inf")
             return None
         if self.reader is None:
             self.missed += tokens * (self.own_ms - self.reader_ms) / 1000
             if self.missed < self.open_seconds:
                 return None
-            self.reader = PromptReader(self.gguf_path)
+            self.reader = PromptReader(self.gguf_path, self.cache)
         return self.reader

@@ -42,6 +42,9 @@ def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+READER_CHUNK = 512  # prompt tokens a pass holds where the prompt reader reads (bf16_reader.CHUNK)
+
+
 class KvCacheFull(FlyError):
     """llama.cpp found no room in the KV cache for a pass."""
 
@@ -82,6 +85,12 @@ class LlamaCppBackend:
 
     def forward(self, input_ids: Sequence[int], keep: int | None = None) -> torch.Tensor:
         return self.forward_rows([(0, input_ids, keep)])[0]
+
+    @property
+    def read_chunk(self) -> int | None:
+        """Where the prompt reader reads (or is about to), the prompt tokens a pass should hold: its products are
+        cheaper by the token the more rows they have, and each pass costs one handover and one llama.cpp step."""
+        return READER_CHUNK if self.reader is not None and self.reader.ready() else None
 
     def crop(self, length: int) -> None:
         self.crop_sequence(0, length)

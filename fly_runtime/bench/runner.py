@@ -185,7 +185,7 @@ def run_benchmark(
         # must not leave it cached
         runner.clear_cache()
         result = runner.generate(ids, config)
-        return {**result.stats.as_dict(), "text": result.text}
+        return {**result.stats.as_dict(), "text": result.text, "form": result.form}
 
     warmup = encode(tasks[0])
     for spec in modes:  # loads lazily-initialised kernels and caches; not counted

@@ -65,6 +65,10 @@ def inventory(in_use: dict[str, str], root: Path | None = None) -> list[Entry]:
                       ("bench", "benchmark data (fly bench)")):
         if (root / name).is_dir():
             entries.append(Entry(root / name, _size(root / name), use, True))
+    for path in sorted(root.glob("reader/*.safetensors")):
+        entries.append(Entry(path, _size(path), "bfloat16 weights of the prompt reader (FLY_PROMPT_READER=1), kept "
+                                                "so that it opens in seconds: converted again from the GGUF when needed",
+                             False))
     if (root / "test-fixtures").is_dir():
         entries.append(Entry(root / "test-fixtures", _size(root / "test-fixtures"),
                              "inputs fly's own test suite made once (an optimum export): made again when it runs", False))

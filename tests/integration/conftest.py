@@ -12,6 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+# The prompt reader (bf16 prompt reads for llama.cpp, 2.6 GB beside the 1.5B) stays off in the suite, whose engines
+# must fit 12 GB together; tests/integration/test_prompt_reader.py turns it on where it tests it.
+os.environ.setdefault("FLY_PROMPT_READER", "0")
+
 EXTERNAL = os.environ.get("FLY_SERVER_URL")
 KEY = os.environ.get("FLY_SERVER_KEY", "test-key-123")
 MODEL = os.environ.get("FLY_SERVER_MODEL", "qwen2.5-coder-1.5b-instruct")

@@ -112,7 +112,7 @@ def test_an_engine_request_over_a_long_prompt_is_read_by_the_reader(target, monk
     from fly_runtime.loader import load_engine
 
     monkeypatch.setattr(ReaderSlot, "SECONDS_PER_PARAM", 0.0)
-    monkeypatch.setenv("FLY_PROMPT_READER", "1")
+    monkeypatch.setenv("FLY_PROMPT_READER", "1")  # the suite's conftest turns it off for every other test
     engine = load_engine(ModelSettings(draft=None, precision="gguf", max_batch=1))
     backend = engine.forms[0].slots.sequences[0].backend
     slot = backend.reader

@@ -120,6 +120,62 @@ def test_a_read_after_cached_positions_equals_one_read(tiny):
         assert relative_error(got, want[6:]) < 0.02
 
 
+def test_the_quick_index_reads_what_gguf_py_reads(tiny):
+    from gguf import GGUFReader
+
+    from fly_runtime.sources.gguf_index import read_index
+
+    path, _ = tiny
+    fields, tensors = read_index(path)
+    reader = GGUFReader(str(path))
+    assert sorted(tensors) == sorted(t.name for t in reader.tensors)
+    for t in reader.tensors:
+        mine = tensors[t.name]
+        assert mine.shape == tuple(int(d) for d in t.shape) and mine.tensor_type == int(t.tensor_type)
+        assert mine.data.shape == t.data.shape and np.array_equal(mine.data, t.data)
+    for key in ("general.architecture", "qwen2.block_count", "qwen2.attention.head_count_kv", "qwen2.rope.freq_base"):
+        assert fields[key].contents() == reader.fields[key].contents()
+
+
+def test_weights_kept_in_the_cache_open_the_same_reader(tiny, tmp_path):
+    from fly_runtime.backends.bf16_reader import weights_file
+    from fly_runtime.sources.inventory import inventory
+
+    path, _ = tiny
+    ids = [3, 17, 5, 42, 8]
+    converted = PromptReader(path, cache=tmp_path / "reader")
+    kept = weights_file(path, tmp_path / "reader")
+    assert kept.is_file() and not list(kept.parent.glob("*.partial"))
+    reopened = PromptReader(path, cache=tmp_path / "reader")
+    for a, b in zip(converted.read(ids)[0] + converted.read(ids)[1], reopened.read(ids)[0] + reopened.read(ids)[1]):
+        assert (a == b).all()
+    [entry] = [e for e in inventory({}, tmp_path) if e.path == kept]
+    assert entry.size == kept.stat().st_size and not entry.needed  # `fly models prune` may delete it
+    assert ReaderSlot.for_model(path, 7.0, tmp_path / "reader").open_seconds < \
+        ReaderSlot.for_model(path, 7.0, tmp_path / "elsewhere").open_seconds  # priced as a read, not a conversion
+
+
+def test_q4_k_and_q6_k_decode_as_gguf_py_does():
+    """The reader's own decoders of the two types a Q4_K_M file holds, against gguf-py's, on random blocks (any
+    bytes are a block, but for the float16 scales, kept finite here)."""
+    import torch
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from fly_runtime.backends.bf16_reader import _q4_k, _q6_k
+
+    rng = np.random.default_rng(3)
+    for kind, size, decode, scales in ((GGMLQuantizationType.Q4_K, 144, _q4_k, (0, 2)),
+                                       (GGMLQuantizationType.Q6_K, 210, _q6_k, (208,))):
+        blocks = rng.integers(0, 256, (12, size), dtype=np.uint8)
+        for at in scales:  # small finite float16 scales
+            blocks[:, at:at + 2] = np.frombuffer(rng.uniform(-0.05, 0.05, 12).astype(np.float16).tobytes(),
+                                                 np.uint8).reshape(12, 2)
+        want = np.asarray(dequantize(blocks, kind), np.float32).reshape(12, 256)
+        got = decode(torch.from_numpy(blocks)).numpy()
+        assert np.allclose(got, want, rtol=1e-6, atol=1e-7), kind
+
+
 def test_reads_longer_than_a_chunk_and_a_query_block(tiny, monkeypatch):
     from fly_runtime.backends import bf16_reader
 
@@ -187,8 +243,10 @@ def test_reader_opens_once_it_has_paid_and_only_where_it_is_worth_its_memory(tin
     assert slot.for_read(100) is None and slot.missed == pytest.approx(0.8)  # would have saved 0.8 s of 1.0
     reader = slot.for_read(100)
     assert isinstance(reader, PromptReader) and slot.for_read(100) is reader
-    for _ in range(3):  # the reader turns out slower than priced: 8 ms a token against llama.cpp's 10
-        slot.learn(100, 0.8, by_reader=True)
-    assert slot.reader_ms > 5.0 and slot.for_read(100) is None and slot.reader is None  # memory given back
+    slot.learn(100, 0.8, by_reader=True)  # slower than priced (8 ms a token), still faster than llama.cpp's 10
+    assert slot.for_read(100) is reader
+    for _ in range(3):  # then slower than llama.cpp: 16 ms a token
+        slot.learn(100, 1.6, by_reader=True)
+    assert slot.reader_ms > 10.0 and slot.for_read(100) is None and slot.reader is None  # memory given back
     slot.learn(100, 10.0, by_reader=False)
     assert slot.for_read(100) is None  # and not opened again

@@ -1,6 +1,7 @@
 """Each request on the form of the target that finishes it soonest: the router's prices (pure), and the engine
 serving requests on two forms, the second opened on its first request."""
 
+import pytest
 import torch
 
 from fly_runtime import GenerationConfig
@@ -184,3 +185,29 @@ def test_a_one_shot_request_opens_only_the_form_that_serves_it_soonest(monkeypat
     assert form_for_one_request(ModelSettings(precision="int4"), 40, GenerationConfig()) is None
     held.clear()
     assert form_for_one_request(auto, 40, GenerationConfig()) is None  # nothing held beside the choice
+
+
+def test_reads_go_to_llama_cpp_once_its_prompt_reader_has_paid():
+    """A prompt reader on the llama.cpp form (bf16_reader.ReaderSlot, not opened here): the reads other forms
+    serve count toward its opening; once it has paid, reads on llama.cpp are priced at its price, and the reads it
+    serves do not teach llama.cpp's own read price."""
+    from pathlib import Path
+
+    from fly_runtime.backends.bf16_reader import ReaderSlot
+
+    r, both = router(), {"gguf", "int4"}
+    slot = ReaderSlot(Path("unused.gguf"), reader_ms=3.0, open_seconds=20.0)
+    slot.own_ms = GGUF_MS["64"] / 64  # llama.cpp's timed read: 27 ms a token
+    r.reader_form, r.reader = "gguf", slot
+    rag = {"gguf": 700, "int4": 700}
+    assert r.choose("tools", rag, 60, both) == "int4"  # before: the graph reads faster
+    r.record("int4", "tools", 60, 3.0, True, read=(700, 14.4))  # 14.4 s there; the reader would have taken 2.1
+    assert not slot.ready() and slot.missed == pytest.approx(14.4 - 2.1)
+    r.record("int4", "tools", 60, 3.0, True, read=(700, 14.4))
+    assert slot.ready()  # 24.6 s missed: more than its opening
+    assert r.choose("tools", rag, 60, both) == "gguf"
+    learned = r.learned()["read"].get("gguf")
+    slot.reader = object()  # as if opened by llama.cpp's backend on that read
+    r.record("gguf", "tools", 60, 3.0, True, read=(700, 2.5))
+    assert r.learned()["read"].get("gguf") == learned  # llama.cpp's own read price stays its own
+    assert r.choose("plain", {"gguf": 40, "int4": 40}, 500, both) == "gguf"
