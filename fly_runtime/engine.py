@@ -380,7 +380,7 @@ class FlyEngine:
         if 0 < request.config.warn_prompt_tokens < len(unread):
             self._warn_long_read(len(unread), learned)
         began = time.perf_counter()
-        logits = self._read_prompt(target, unread, request.deadline, learned.prefill_per_token,
+        logits = self._read_prompt(target, unread, request.deadline,
                                    request.form.slots.read_chunk if request.form.slots is not None else None)
         read = len(target) - stats.cached_tokens  # less than unread where the timeout cut it short
         request.writing_since = time.perf_counter()
@@ -436,7 +436,6 @@ class FlyEngine:
         return CostProfile(step=step, row=max(0.0, nine - step) / 8, draft=draft_token)
 
     PROMPT_CHUNK = 128  # tokens per target pass while reading a prompt: a timeout or Ctrl-C acts within one
-    CHUNK_SECONDS = 1.0  # where reading is fast (a prompt reader on llama.cpp), larger chunks of about this long
 
     def _warn_long_read(self, tokens: int, learned: Learned) -> None:
         rate = learned.prefill_per_token
@@ -446,17 +445,12 @@ class FlyEngine:
                       stacklevel=2)
 
     def _read_prompt(self, target: CachedSequence, ids: list[int], deadline: float | None,
-                     rate: float | None = None, hint: int | None = None) -> torch.Tensor | None:
+                     hint: int | None = None) -> torch.Tensor | None:
         """Feed the prompt in chunks, so that a timeout (and Ctrl-C, which waits for the running pass) takes
-        effect within one chunk instead of after the whole read; None where the deadline passed first. Where
-        reading was measured fast (``rate``: seconds a token), chunks of about ``CHUNK_SECONDS``, up to four times
-        ``PROMPT_CHUNK``: each chunk costs a pass of its own besides its tokens; where the backend reads best in
-        chunks of ``hint`` (a prompt reader), those."""
-        chunk = self.PROMPT_CHUNK
-        if rate:
-            chunk = max(chunk, min(4 * chunk, int(self.CHUNK_SECONDS / rate)))
-        if hint:
-            chunk = max(chunk, hint)
+        effect within one chunk instead of after the whole read; None where the deadline passed first. Where the
+        backend reads best in larger chunks (``hint``: a prompt reader, whose chunk of 512 takes about as long as
+        llama.cpp's of 128), those."""
+        chunk = max(self.PROMPT_CHUNK, hint or 0)
         done = 0
         while True:
             if deadline is not None and time.perf_counter() > deadline:

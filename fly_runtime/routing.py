@@ -145,12 +145,10 @@ class Router:
         tokens, seconds = read
         with self._lock:
             if tokens >= MIN_READ:
-                if self.reader is None:
-                    _learn(self._read, form, seconds / tokens)
-                elif form != self.reader_form:
-                    _learn(self._read, form, seconds / tokens)
+                on_reader = self.reader is not None and form == self.reader_form
+                if self.reader is not None and not on_reader:
                     self.reader.offer(tokens, seconds)
-                elif not self.reader.ready():  # the reader's reads price the reader, not the form's own reads
+                if not (on_reader and self.reader.ready()):  # the reader's reads price the reader, not the form
                     _learn(self._read, form, seconds / tokens)
             if new_tokens > 1:  # a one-token reply is all prompt read and overhead
                 _learn(self._written, (form, kind), write_seconds / new_tokens)

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fly_runtime.backends.bf16_reader import CHUNK as READER_CHUNK
 from fly_runtime.backends.llama_cpp_state import SeqCells, UnknownLayout, pack, parse
 from fly_runtime.errors import FlyError, InvalidSettingsError
 
@@ -40,9 +41,6 @@ def available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("llama_cpp") is not None
-
-
-READER_CHUNK = 512  # prompt tokens a pass holds where the prompt reader reads (bf16_reader.CHUNK)
 
 
 class KvCacheFull(FlyError):
@@ -81,7 +79,7 @@ class LlamaCppBackend:
         self.name = f"llama.cpp-{gguf.stem}"
         self._lengths = [0] * sequences
         self._decoder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fly-llama-cpp")
-        self.reader = None  # a bf16_reader.ReaderSlot where a prompt reader may pay here (registry.py attaches it)
+        self.reader = None  # a bf16_reader.ReaderSlot where a prompt reader may pay here (the loader attaches it)
 
     def forward(self, input_ids: Sequence[int], keep: int | None = None) -> torch.Tensor:
         return self.forward_rows([(0, input_ids, keep)])[0]
@@ -126,8 +124,8 @@ class LlamaCppBackend:
         self.reader.learn(unread, time.perf_counter() - began, by_reader=True)
         return seq, ids[unread:], keep
 
-    def _cells(self, seq: int) -> SeqCells:
-        """Sequence ``seq``'s cells, viewed in a copy of llama.cpp's state of it."""
+    def _state(self, seq: int) -> np.ndarray:
+        """A copy of llama.cpp's state of sequence ``seq`` (its cells: llama_cpp_state.py reads them)."""
         import ctypes
 
         import llama_cpp
@@ -136,27 +134,34 @@ class LlamaCppBackend:
         buffer = np.empty(size, np.uint8)
         llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buffer.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
                                            size, seq)
-        return parse(buffer, llama_cpp.llama_model_n_layer(self._model.model))
+        return buffer
 
-    def _put_cells(self, seq: int, old: SeqCells, new: np.ndarray, count: int) -> None:
-        """Make sequence ``seq`` hold the state ``new`` of ``count`` cells (its cells ``old``, extended); where
-        llama.cpp finds no room, the old cells are put back and KvCacheFull raised."""
+    def _set_state(self, seq: int, state: np.ndarray) -> bool:
+        """Replace sequence ``seq``'s cells with ``state``; False where llama.cpp found no room (the sequence is
+        then empty)."""
         import ctypes
 
         import llama_cpp
 
+        pointer = state.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8))
+        return bool(llama_cpp.llama_state_seq_set_data(self._ctx.ctx, pointer, len(state), seq))
+
+    def _cells(self, seq: int) -> SeqCells:
+        """Sequence ``seq``'s cells, viewed in a copy of llama.cpp's state of it."""
+        import llama_cpp
+
+        return parse(self._state(seq), llama_cpp.llama_model_n_layer(self._model.model))
+
+    def _put_cells(self, seq: int, old: SeqCells, new: np.ndarray, count: int) -> None:
+        """Make sequence ``seq`` hold the state ``new`` of ``count`` cells (its cells ``old``, extended); where
+        llama.cpp finds no room, the old cells are put back and KvCacheFull raised."""
         need = sum(self._lengths) - self._lengths[seq] + count
         if need > self.cells:
             self._grow(min(max(2 * self.cells, need), self.max_context))
-        for raw, cells in ((new, count), (pack(old, seq), old.count)):
-            if llama_cpp.llama_state_seq_set_data(self._ctx.ctx, raw.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)),
-                                                  len(raw), seq):
-                self._lengths[seq] = cells
-                if raw is new:
-                    return
-                break
-        else:
-            self._lengths[seq] = 0
+        if self._set_state(seq, new):
+            self._lengths[seq] = count
+            return
+        self._lengths[seq] = old.count if self._set_state(seq, pack(old, seq)) else 0
         raise KvCacheFull(f"llama.cpp found no room for {count} cells of sequence {seq} in its KV cache "
                           f"({self.cells} cells): fewer requests or shorter prompts at once, or a larger context")
 
@@ -208,21 +213,11 @@ class LlamaCppBackend:
     def _grow(self, cells: int) -> None:
         """Reallocate the cache with ``cells`` cells, each sequence's cached positions copied over (the old pool is
         freed before the new one is allocated: the copies, not two pools, are what the move holds)."""
-        import ctypes
-
-        import llama_cpp
-
-        saved = {}
-        for seq, length in enumerate(self._lengths):
-            if length:
-                size = llama_cpp.llama_state_seq_get_size(self._ctx.ctx, seq)
-                buffer = (ctypes.c_uint8 * size)()
-                llama_cpp.llama_state_seq_get_data(self._ctx.ctx, buffer, size, seq)
-                saved[seq] = buffer
+        saved = {seq: self._state(seq) for seq, length in enumerate(self._lengths) if length}
         self._ctx.close()
         self._ctx = self._context(cells)
-        for seq, buffer in saved.items():
-            if not llama_cpp.llama_state_seq_set_data(self._ctx.ctx, buffer, len(buffer), seq):
+        for seq, state in saved.items():
+            if not self._set_state(seq, state):
                 raise FlyError(f"llama.cpp could not restore sequence {seq} into a cache of {cells} cells")
 
     def _decode(self) -> int:
