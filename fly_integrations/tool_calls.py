@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from fly_integrations.tools import closed_schema
-from fly_runtime.constraint import TRAILING
+from fly_runtime.constraint import TRAILING, laid_out
 from fly_runtime.text import partial_marker_length
 
 _NAME = re.compile(r'"name"\s*:\s*"([^"]+)"')
@@ -67,8 +67,8 @@ class ToolFormat:
 
 def _object_schema(parameters: dict) -> dict:
     """A tool's parameters as the schema its arguments are decoded under: an object, closed where it lists its
-    properties (tools.closed_schema's rule)."""
-    return closed_schema(parameters) if parameters.get("properties") else {"type": "object"}
+    properties (tools.closed_schema's rule), in fly's JSON layout (the one the model writes its calls in)."""
+    return laid_out(closed_schema(parameters) if parameters.get("properties") else {"type": "object"})
 
 
 HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", "arguments", ("<tool_call>", "</tool_call>"),

@@ -1,6 +1,8 @@
 """Tool calls by model family, on what each family's chat template renders (small real tokenizers made here,
 with chat templates written after each family's published format: Qwen2.5 / Hermes, Llama 3.1, Mistral)."""
 
+import json
+
 import pytest
 
 from fly_integrations.prompting import render_prompt, tool_choice_prefill
@@ -131,6 +133,33 @@ def test_tool_choice_opens_a_call_in_the_familys_format(family):
     named = 'get_time", "' + fmt.arguments_key + '": '
     assert _grammar_takes(fmt.forced_grammar(parameters), named + rest, tok)  # "any": one of the tools
     assert not _grammar_takes(fmt.forced_grammar(parameters), named.replace("time", "date") + rest, tok)
+
+
+def test_calls_and_json_replies_are_written_in_one_layout_whose_separators_the_grammar_forces():
+    """Arguments and JSON replies follow json.dumps's layout: the same value indented is refused, so every brace,
+    key and separator is a token the grammar forces; a schema's own llguidance options ("x-guidance") win."""
+    from fly_runtime.constraint import JsonConstraint, grammar_tokenizer
+
+    fmt, tok = FAMILIES["hermes"]
+    parameters = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    assert _grammar_takes(fmt.forced_grammar(parameters, "get_time"), '{"city": "Lima"}}', tok)
+    assert not _grammar_takes(fmt.forced_grammar(parameters, "get_time"), '{\n  "city": "Lima"\n}}', tok)
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+              "required": ["city", "days"], "additionalProperties": False}
+    grammar = grammar_tokenizer(tok, len(tok), [tok.eos_token_id or 0])
+
+    def takes(text: str, schema: dict) -> bool:
+        constraint = JsonConstraint(grammar, json.dumps(schema), len(tok), [tok.eos_token_id or 0])
+        return constraint.matcher.consume_tokens(tok.encode(text, add_special_tokens=False)) and \
+            constraint.matcher.is_accepting()
+
+    assert takes('{"city": "Lima", "days": 3}', schema)
+    assert not takes('{\n  "city": "Lima",\n  "days": 3\n}', schema)
+    assert not takes('{"city":"Lima","days":3}', schema)
+    forced = JsonConstraint(grammar, json.dumps(schema), len(tok), [tok.eos_token_id or 0]).forced()
+    assert tok.decode(forced).startswith('{"city')  # the opening and the first key before any choice
+    flexible = dict(schema, **{"x-guidance": {"whitespace_flexible": True}})
+    assert takes('{\n  "city": "Lima",\n  "days": 3\n}', flexible)
 
 
 def _grammar_takes(lark: str, text: str, tok) -> bool:
