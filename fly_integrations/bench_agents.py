@@ -236,7 +236,14 @@ class AgentTurns(ToolTurns):
                             {"answer": task.answer}))
         return out
 
-    def __call__(self, spec: ModeSpec, task: Task) -> dict:
+    # the warm-up's step limit: one model call, its tool, and a second call that reads the tool's result (a whole
+    # conversation would double a short run's time for nothing more loaded)
+    WARM_UP_STEPS = 4
+
+    def warm_up(self, spec: ModeSpec, task: Task) -> None:
+        self(spec, task, recursion_limit=self.WARM_UP_STEPS)
+
+    def __call__(self, spec: ModeSpec, task: Task, recursion_limit: int = 12) -> dict:
         model = self._model(spec)
         if spec.mode == LLAMA_CPP:
             self.llama.llm.reset()
@@ -244,7 +251,7 @@ class AgentTurns(ToolTurns):
             get_engine(model.model_settings()).clear_cache()
         stats = _TurnStats()
         agent_task = AgentTask(task.messages[0]["content"], task.reference["answer"])
-        out = run_task(model, agent_task, callbacks=[stats])
+        out = run_task(model, agent_task, recursion_limit, callbacks=[stats])
         return {"new_tokens": stats.new_tokens, "prompt_tokens": stats.prompt_tokens,
                 "cached_tokens": stats.cached_tokens, "target_forwards": stats.forwards or None,
                 "seconds": out["seconds"], "model_calls": stats.calls, "finished": out["finished"],

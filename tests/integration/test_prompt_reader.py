@@ -19,6 +19,25 @@ def target():
     return resolve_model("qwen2.5-coder-1.5b-instruct")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def reader_opens_here(target):
+    """The reader's real reads run where fly would open it: on a CPU whose timed bfloat16 product predicts reads
+    at least ``ReaderSlot.GAIN`` times as fast as llama.cpp's (matrix units). Elsewhere bfloat16 is emulated, a read
+    takes ten times llama.cpp's, the reader never opens, and its arithmetic is tested on a small GGUF
+    (tests/unit/test_prompt_reader.py)."""
+    from fly_runtime.tuning import bf16_product_ms, choose_precision, read_ms, recorded_forms
+
+    slot = ReaderSlot.for_model(target.gguf, bf16_product_ms())
+    if slot is None:
+        pytest.skip("no prompt reader for this target (a model the reader does not compute)")
+    choose_precision(target)  # tuning's record, with llama.cpp's timed read
+    ms, _ = recorded_forms(target)
+    slot.own_ms = read_ms(ms["gguf"])
+    if not slot.promising():
+        pytest.skip(f"the prompt reader does not open on this CPU: predicted {slot.reader_ms:.0f} ms a token against "
+                    f"llama.cpp's {slot.own_ms:.0f}")
+
+
 @pytest.fixture(scope="module")
 def reference(target):
     from fly_runtime.backends.registry import load_tokenizer
