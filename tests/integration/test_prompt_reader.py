@@ -25,14 +25,15 @@ def reader_opens_here(target):
     at least ``ReaderSlot.GAIN`` times as fast as llama.cpp's (matrix units). Elsewhere bfloat16 is emulated, a read
     takes ten times llama.cpp's, the reader never opens, and its arithmetic is tested on a small GGUF
     (tests/unit/test_prompt_reader.py)."""
-    from fly_runtime.tuning import bf16_product_ms, choose_precision, read_ms, recorded_forms
+    from fly_runtime.loader import _prompt_reader
+    from fly_runtime.tuning import choose_precision
 
-    slot = ReaderSlot.for_model(target.gguf, bf16_product_ms())
+    choose_precision(target)  # tuning's record, with llama.cpp's timed read, which the slot is priced against
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("FLY_PROMPT_READER", "1")  # the suite's conftest turns it off elsewhere
+        slot = _prompt_reader(target)  # the slot an engine here would hold, priced as it prices it
     if slot is None:
         pytest.skip("no prompt reader for this target (a model the reader does not compute)")
-    choose_precision(target)  # tuning's record, with llama.cpp's timed read
-    ms, _ = recorded_forms(target)
-    slot.own_ms = read_ms(ms["gguf"])
     if not slot.promising():
         pytest.skip(f"the prompt reader does not open on this CPU: predicted {slot.reader_ms:.0f} ms a token against "
                     f"llama.cpp's {slot.own_ms:.0f}")

@@ -1,9 +1,10 @@
 """Choosing the target's precision from measured costs (pure logic; the measuring runs on tiny graphs in
 tests/test_onnx_build.py)."""
 
-from fly_runtime.bench.runner import ModeSpec
 import time
 from types import SimpleNamespace
+
+from fly_runtime.bench.runner import ModeSpec
 
 import pytest
 
@@ -18,6 +19,7 @@ from fly_runtime.tuning import (
     machine_id,
     pick,
 )
+
 
 @pytest.fixture(autouse=True)
 def quiet_machine(monkeypatch):
