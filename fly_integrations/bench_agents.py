@@ -236,14 +236,18 @@ class AgentTurns(ToolTurns):
                             {"answer": task.answer}))
         return out
 
+    def __init__(self, *args, steps: int = 12, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps = steps  # each conversation's step limit (LangGraph's recursion_limit)
+
     # the warm-up's step limit: one model call, its tool, and a second call that reads the tool's result (a whole
     # conversation would double a short run's time for nothing more loaded)
     WARM_UP_STEPS = 4
 
     def warm_up(self, spec: ModeSpec, task: Task) -> None:
-        self(spec, task, recursion_limit=self.WARM_UP_STEPS)
+        self(spec, task, recursion_limit=min(self.WARM_UP_STEPS, self.steps))
 
-    def __call__(self, spec: ModeSpec, task: Task, recursion_limit: int = 12) -> dict:
+    def __call__(self, spec: ModeSpec, task: Task, recursion_limit: int | None = None) -> dict:
         model = self._model(spec)
         if spec.mode == LLAMA_CPP:
             self.llama.llm.reset()
@@ -251,7 +255,7 @@ class AgentTurns(ToolTurns):
             get_engine(model.model_settings()).clear_cache()
         stats = _TurnStats()
         agent_task = AgentTask(task.messages[0]["content"], task.reference["answer"])
-        out = run_task(model, agent_task, recursion_limit, callbacks=[stats])
+        out = run_task(model, agent_task, recursion_limit or self.steps, callbacks=[stats])
         return {"new_tokens": stats.new_tokens, "prompt_tokens": stats.prompt_tokens,
                 "cached_tokens": stats.cached_tokens, "target_forwards": stats.forwards or None,
                 "seconds": out["seconds"], "model_calls": stats.calls, "finished": out["finished"],

@@ -62,6 +62,8 @@ LONG_PROMPT = 1024  # tokens: the CLI says it is reading a prompt longer than th
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from fly_runtime.chat import chat_encoder, encode_chat
     from fly_runtime.loader import get_engine
 
@@ -78,10 +80,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return chat_encoder(tokenizer).encode_text(prompt)
 
     settings = _model_settings(args)
+    if settings.max_batch is None:  # one request: nothing to decode beside it, no batch size to time
+        settings = replace(settings, max_batch=1)
     pinned = tokenizer = None
     if settings.precision == "auto":  # one request: only the form that serves it soonest is opened
-        from dataclasses import replace
-
         from fly_runtime.backends.registry import load_tokenizer
         from fly_runtime.loader import form_for_one_request
         from fly_runtime.sources import resolve_model
@@ -132,6 +134,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             replace(base, mode=spec.mode, k=spec.k)  # validates, as construction does
     if args.skip < 0:
         raise FlyError(f"--skip must be >= 0, got {args.skip}")
+    if args.agent_steps < 3:
+        raise FlyError(f"--agent-steps must be >= 3 (a model call, its tool's run, the call that reads the result), "
+                       f"got {args.agent_steps}")
     if args.suite in ("tools", "agent") and any(spec.mode == HF_ASSISTED for spec in modes):
         raise FlyError(f"the {args.suite} suite runs its turns through LangChain: use ar, exact, fly and llama-cpp "
                        "modes (hf-assisted has no tool calling)")
@@ -156,18 +161,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
                for spec in modes if spec.precision}
     described = {"target": settings.target, "draft": engine.draft_name, "backend": engine.target.backend.name,
                  **{name: getattr(base, name) for name in REQUEST_SETTINGS if name not in ("mode", "max_new_tokens", "seed")}}
-    run_task = _suite_runner(args.suite, engine, settings, base, llama)
+    options = {"steps": args.agent_steps} if args.suite == "agent" else {}
+    run_task = _suite_runner(args.suite, engine, settings, base, llama, **options)
     run_benchmark(engine, tasks, modes, base, args.suite, Path(args.out), hf, described, llama, engines, run_task)
     print((Path(args.out) / "summary.md").read_text())
     return 0
 
 
-def _suite_runner(suite: str, *args):
+def _suite_runner(suite: str, *args, **options):
     """The runner of a suite whose turns go through an integration (suites.registered_runner), else None."""
     from fly_runtime.bench.suites import registered_runner
 
     runner = registered_runner(suite)
-    return runner(*args) if runner is not None else None
+    return runner(*args, **options) if runner is not None else None
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -318,6 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated: ar, exact, fly, hf-assisted, llama-cpp (llama.cpp on the target's GGUF); "
                             "':kN' fixes K (fly:k10), ':int4' / ':int8' / ':fp32' / ':gguf' sets the target's precision "
                             "(ar:int4)")
+    bench.add_argument("--agent-steps", type=int, default=12,
+                       help="agent suite: each conversation's step limit (LangGraph's recursion_limit: a model call "
+                            "and a tool run are a step each)")
     bench.add_argument("--data", default=None, help="folder with the benchmark files (default: ../shared/data)")
     bench.add_argument("--out", required=True, help="output folder")
     bench.set_defaults(func=cmd_bench)

@@ -231,15 +231,22 @@ def _plain_reader():
 _parsing = threading.Lock()
 
 
+def _shared_reader(path, mode: str = "r"):
+    """The plain reader, with a read-only parse shared with ``_reader`` (a first run parses the file for its
+    tokenizer folder and again to tell whether its graph is written from it: seconds each)."""
+    return _reader(Path(path)) if mode == "r" else _plain_reader()(path, mode)
+
+
 @contextlib.contextmanager
 def _plain_gguf_parsing():
     """transformers' GGUF loaders look gguf-py's reader up by name when called: within this block they get the plain
     one. Conversions within it run one at a time, so that the name is put back as it was."""
     import gguf
 
+    _plain_reader()  # made from gguf-py's class, before the name is replaced
     with _parsing:
         original = gguf.GGUFReader
-        gguf.GGUFReader = _plain_reader()
+        gguf.GGUFReader = _shared_reader
         try:
             yield
         finally:

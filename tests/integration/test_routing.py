@@ -46,10 +46,10 @@ def test_each_request_runs_on_the_form_that_suits_it_and_writes_the_model(routed
     story = encode_chat(tok, [{"role": "user", "content": "Write a short story about a lighthouse keeper."}])
     plain = routed.generate(story, GenerationConfig(mode="ar", max_new_tokens=48))
     assert plain.form == GGUF and "light" in plain.text.lower()  # plain decoding: the faster stepper
-    document = " ".join(f"Item {i}: the harbor library opens at {8 + i % 3} am on weekday {i % 7}." for i in range(80))
+    document = " ".join(f"Item {i}: the harbor library opens at {8 + i % 3} am on weekday {i % 7}." for i in range(30))
     rag = encode_chat(tok, [{"role": "user", "content": document + "\nWhen does item 5 open? Quote the line."}])
     quoted = routed.generate(rag, GenerationConfig(mode="exact", max_new_tokens=24))
-    assert len(rag) > 1000 and quoted.form == "int4"  # a long read: the faster reader
+    assert len(rag) > 400 and quoted.form == "int4"  # a long read: the faster reader
     assert "opens at" in quoted.text and routed.forms[1].slots is not None  # copied from the prompt; both open
     # a conversation continues where its history is cached
     again = routed.generate(story + plain.token_ids, GenerationConfig(mode="ar", max_new_tokens=8))

@@ -14,7 +14,7 @@ import pytest
 
 from tests.integration.conftest import EXTERNAL, KEY, launch_server
 
-TIMEOUT = 4  # --request-timeout: every request, however large its max_tokens, ends within this
+TIMEOUT = 2  # --request-timeout: every request, however large its max_tokens, ends within this
 
 
 @pytest.fixture(scope="module")

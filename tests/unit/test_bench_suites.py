@@ -59,9 +59,11 @@ def test_mode_specs():
         ModeSpec.parse("fast")
 
 
-@pytest.mark.parametrize("skip, message", [("-1", "--skip must be >= 0"), ("100000", "no prompts selected")])
-def test_bench_rejects_a_bad_shard_before_loading_models(tmp_path, data_dir, skip, message):
-    proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "bench", "--suite", "gsm8k", "--skip", skip,
+@pytest.mark.parametrize("flags, message", [(["--skip", "-1"], "--skip must be >= 0"),
+                                            (["--skip", "100000"], "no prompts selected"),
+                                            (["--agent-steps", "2"], "--agent-steps must be >= 3")])
+def test_bench_rejects_bad_settings_before_loading_models(tmp_path, data_dir, flags, message):
+    proc = subprocess.run([sys.executable, "-m", "fly_runtime.cli", "bench", "--suite", "gsm8k", *flags,
                            "--out", str(tmp_path / "bench")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and message in proc.stderr
 
