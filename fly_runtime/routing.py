@@ -41,7 +41,10 @@ PRIOR_SURVIVAL = {"structured": 0.6, "tools": 0.6, "text": 0.3, "plain": 0.0}
 PRIOR_REPLY = 100  # tokens a reply is expected to hold before any was seen (an agent turn, a RAG answer)
 LEARN_RATE = 0.3  # weight of the latest request in the learned averages
 MIN_READ = 64  # prompt tokens a read must hold to price reading (a short one measures a call's overhead)
-OPEN_SECONDS = 5.0  # what opening a form is priced at before one was opened here
+# what opening a form is priced at before one was opened here (llama.cpp on the 1.1 GB GGUF opened in 1.5 s on a
+# 2-vCPU EPYC, its file in the page cache; priced at 5 s, eight 128-token chat replies in a row stayed on the
+# graph that writes them 1.3x slower)
+OPEN_SECONDS = 2.0
 
 
 def request_kind(config: GenerationConfig) -> str:
@@ -140,8 +143,10 @@ class Router:
     def record(self, form: str, kind: str, new_tokens: int, write_seconds: float, stopped: bool,
                read: tuple[int, float] = (0, 0.0)) -> None:
         """A request ``form`` served read ``read`` = (tokens, seconds) of its prompt, then wrote ``new_tokens`` in
-        ``write_seconds``; a reply that ended by itself (``stopped``, not cut by max_new_tokens) also teaches the
-        reply length."""
+        ``write_seconds``. A reply that ended by itself (``stopped``) teaches how long one runs; one cut by
+        max_new_tokens only that it runs at least that long: it may raise the expected length, never lower it
+        (learning only from stopped replies learns the short ones, and long free replies then look too short to
+        move to the faster stepper)."""
         tokens, seconds = read
         with self._lock:
             if tokens >= MIN_READ:
@@ -152,7 +157,7 @@ class Router:
                     _learn(self._read, form, seconds / tokens)
             if new_tokens > 1:  # a one-token reply is all prompt read and overhead
                 _learn(self._written, (form, kind), write_seconds / new_tokens)
-                if stopped:
+                if stopped or new_tokens > self._reply.get(kind, PRIOR_REPLY):
                     _learn(self._reply, kind, new_tokens, PRIOR_REPLY)
 
     def opened(self, seconds: float) -> None:

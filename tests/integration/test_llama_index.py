@@ -125,7 +125,7 @@ def test_bad_input_then_good_request():
     assert llm.complete("Say hi.").text
 
 
-def test_examples_run_from_the_command_line():
+def test_examples_run_as_scripts():
     from tests.integration.test_examples import run_example
 
     opening = run_example("llamaindex_query_engine.py").lower()
