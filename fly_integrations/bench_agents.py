@@ -27,6 +27,9 @@ TEMPERATURES_C = {"oslo": 4.0, "cairo": 31.0, "lima": 18.5, "tokyo": 12.0, "denv
 PRICES = {"kettle": 40.0, "lamp": 25.0, "chair": 120.0, "backpack": 64.0}
 CAPITALS = {"france": "Paris", "kenya": "Nairobi", "peru": "Lima", "japan": "Tokyo"}
 POPULATIONS = {"paris": 2_100_000, "nairobi": 4_400_000, "lima": 10_000_000, "tokyo": 14_000_000}
+# a conversation's step limit (LangGraph's recursion_limit: a model call and a tool run are a step each); `fly bench
+# --agent-steps` sets it for the agent suite
+STEPS = 12
 
 
 @tool
@@ -102,7 +105,7 @@ def _numbers(text: str) -> set[str]:
     return found
 
 
-def run_task(llm, task: AgentTask, recursion_limit: int = 12, callbacks: list | None = None) -> dict:
+def run_task(llm, task: AgentTask, recursion_limit: int = STEPS, callbacks: list | None = None) -> dict:
     """One task through ``create_agent(llm, TOOLS)``: finished, right, tool calls, seconds, the final reply
     (``callbacks``: LangChain callback handlers for the run, which reach every model call)."""
     from langchain.agents import create_agent
@@ -236,7 +239,7 @@ class AgentTurns(ToolTurns):
                             {"answer": task.answer}))
         return out
 
-    def __init__(self, *args, steps: int = 12, **kwargs) -> None:
+    def __init__(self, *args, steps: int = STEPS, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.steps = steps  # each conversation's step limit (LangGraph's recursion_limit)
 

@@ -41,9 +41,8 @@ PRIOR_SURVIVAL = {"structured": 0.6, "tools": 0.6, "text": 0.3, "plain": 0.0}
 PRIOR_REPLY = 100  # tokens a reply is expected to hold before any was seen (an agent turn, a RAG answer)
 LEARN_RATE = 0.3  # weight of the latest request in the learned averages
 MIN_READ = 64  # prompt tokens a read must hold to price reading (a short one measures a call's overhead)
-# what opening a form is priced at before one was opened here (llama.cpp on the 1.1 GB GGUF opened in 1.5 s on a
-# 2-vCPU EPYC, its file in the page cache; priced at 5 s, eight 128-token chat replies in a row stayed on the
-# graph that writes them 1.3x slower)
+# what opening a form is priced at before one was opened here: about what llama.cpp takes to open a 1.1 GB GGUF
+# from the page cache (a price set too high keeps long replies on the slower writer: docs/design.md)
 OPEN_SECONDS = 2.0
 
 
