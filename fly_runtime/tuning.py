@@ -357,15 +357,26 @@ def recorded_forms(model) -> tuple[dict[str, dict], list[str]]:
     return record["ms"], list(record.get("held", ()))
 
 
+def _prices_kept() -> bool:
+    """Whether routing starts from and keeps what earlier processes learned here; ``FLY_KEEP_PRICES=0`` makes each
+    process learn anew, leaving the record as it is (the test suite's short replies would otherwise teach the
+    user's later processes; a benchmark run may want to start from tuning's timings alone)."""
+    return os.environ.get("FLY_KEEP_PRICES", "1") != "0"
+
+
 def recorded_prices(model) -> dict:
     """What routing learned from the requests served here (``Router.learned``; empty where nothing was kept)."""
+    if not _prices_kept():
+        return {}
     record = recorded_precision(model.key)
     return record.get("learned", {}) if record is not None and record.get("version") == RECORD_VERSION else {}
 
 
 def keep_prices(model, learned: dict) -> None:
     """Keep ``learned`` (``Router.learned``) with this machine's record for ``model``; nothing where there is no
-    record of this rule (one measured anew will be learned anew)."""
+    record of this rule (one measured anew will be learned anew), nor with ``FLY_KEEP_PRICES=0``."""
+    if not _prices_kept():
+        return
     key = f"{machine_id()}|{model.key}"
     record = load_records().get(key)
     if record is not None and record.get("version") == RECORD_VERSION and record.get("learned") != learned:

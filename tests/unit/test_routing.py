@@ -96,7 +96,14 @@ def test_what_a_process_learned_is_where_the_next_one_on_this_machine_starts(mon
     monkeypatch.setenv("FLY_CACHE_DIR", str(tmp_path))
     model, other = SimpleNamespace(key="k" * 16), SimpleNamespace(key="o" * 16)
     tuning._record(f"{tuning.machine_id()}|{model.key}", {"precision": "int4", "ms": ms, "held": ["gguf"]})
+    monkeypatch.setenv("FLY_KEEP_PRICES", "0")  # each process learns anew: nothing kept, nothing read back
     tuning.keep_prices(model, learned)
+    assert "learned" not in tuning.load_records()[f"{tuning.machine_id()}|{model.key}"]
+    monkeypatch.setenv("FLY_KEEP_PRICES", "1")
+    tuning.keep_prices(model, learned)
+    monkeypatch.setenv("FLY_KEEP_PRICES", "0")
+    assert tuning.recorded_prices(model) == {}
+    monkeypatch.setenv("FLY_KEEP_PRICES", "1")
     tuning.keep_prices(other, learned)
     assert tuning.recorded_prices(model) == learned and tuning.recorded_prices(other) == {}
     assert list(tuning.load_records()) == [f"{tuning.machine_id()}|{model.key}"]
