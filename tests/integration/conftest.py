@@ -34,14 +34,25 @@ PROMPTS = [
 ]
 
 
+def drop_engines(keep_default: bool = True) -> None:
+    """Forget the loaded engines but, with ``keep_default``, the default pair's, whose prompt cache is cleared."""
+    from fly_runtime import loader
+
+    default = loader.ModelSettings()
+    for settings in list(loader._engines):
+        if not (keep_default and settings == default):
+            loader.unload(settings)
+    if keep_default and default in loader._engines:
+        loader._engines[default].clear_cache()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _models_per_module():
-    """Each module's models are dropped after it: the suite needs the memory of its largest module, not of every
-    pair any module loaded (a machine of 24 GB holds about three)."""
+    """Each module's models are dropped after it but the default pair (2.7 GB; most modules use it, and reloading
+    it cost 5-20 s a module): the suite needs the memory of its largest module beside that pair, not of every pair
+    any module loaded (a machine of 24 GB holds about three). The fixture loading the fp32 1.5B drops even that."""
     yield
-    from fly_runtime.loader import unload
-
-    unload()
+    drop_engines()
 
 
 # Where the adapters' answers are compared token for token: the 0.5B at fp32 (its one-token steps and
@@ -52,12 +63,11 @@ EXACT_PAIR = {"model": "qwen2.5-coder-0.5b-instruct", "draft": "qwen2.5-coder-0.
 
 @pytest.fixture
 def fp32_alone():
-    """A test that loads an fp32 pair loads it alone: every other pair is dropped before and after it."""
-    from fly_runtime.loader import unload
-
-    unload()
+    """A test that loads an fp32 pair loads it beside the default pair alone: every other one is dropped before and
+    after it."""
+    drop_engines()
     yield
-    unload()
+    drop_engines()
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +81,10 @@ def engine():
 def fp32_engine():
     """The default pair with its fp32 target, whose one-token steps and multi-token passes compute a token alike:
     where the algorithm is tested token for token (quantised targets are judged by accuracy instead). Its 0.5B
-    drafter disagrees with the 1.5B often enough to exercise every forgiveness rule."""
+    drafter disagrees with the 1.5B often enough to exercise every forgiveness rule. It loads alone (6.7 GB)."""
     from fly_runtime import ModelSettings, get_engine
 
+    drop_engines(keep_default=False)
     return get_engine(ModelSettings(precision="fp32"))
 
 
