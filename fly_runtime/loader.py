@@ -81,16 +81,23 @@ def get_engine(settings: ModelSettings, tokenizer=None) -> FlyEngine:
         return engine
 
 
-def unload(settings: ModelSettings | None = None) -> None:
-    """Forget the engine for ``settings`` (every engine where None): its memory is freed once no caller holds
-    it, and a later ``get_engine`` loads it again. llama.cpp's objects hold each other in cycles, so the
-    garbage collector runs here rather than at its own next pass."""
+def loaded(settings: ModelSettings) -> FlyEngine | None:
+    """The engine for ``settings`` where one is loaded; None, loading nothing, where none is."""
+    with _engines_lock:
+        return _engines.get(settings)
+
+
+def unload(settings: ModelSettings | None = None, keep: ModelSettings | None = None) -> None:
+    """Forget the engine for ``settings`` (where None: every engine but ``keep``'s): its memory is freed once no
+    caller holds it, and a later ``get_engine`` loads it again. llama.cpp's objects hold each other in cycles, so
+    the garbage collector runs here rather than at its own next pass."""
     import gc
 
     _keep_prices()
     with _engines_lock:
         if settings is None:
-            _engines.clear()
+            for other in [s for s in _engines if s != keep]:
+                del _engines[other]
         else:
             _engines.pop(settings, None)
     gc.collect()

@@ -12,13 +12,12 @@ import statistics
 import time
 from pathlib import Path
 
-CHUNK = 128  # the engine's prompt chunk (FlyEngine.PROMPT_CHUNK)
-
 
 def main() -> None:
     from fly_runtime.backends.llama_cpp_backend import available
     from fly_runtime.backends.ort_backend import OrtBackend
     from fly_runtime.backends.registry import open_target
+    from fly_runtime.engine import FlyEngine
     from fly_runtime.loader import DEFAULT_TARGET
     from fly_runtime.sources import resolve_model
 
@@ -41,8 +40,8 @@ def main() -> None:
         for name, backend in forms.items():
             backend.crop(0)
             began = time.perf_counter()
-            for at in range(0, len(ids), CHUNK):
-                backend.forward(ids[at:at + CHUNK], keep=1)
+            for at in range(0, len(ids), FlyEngine.PROMPT_CHUNK):  # as the engine reads a prompt
+                backend.forward(ids[at:at + FlyEngine.PROMPT_CHUNK], keep=1)
             times[name]["read ms/token"].append((time.perf_counter() - began) * 1000 / len(ids))
             for rows, key, count in ((1, "step ms", 4), (9, "9-pass ms", 2)):
                 for _ in range(count):

@@ -36,14 +36,12 @@ PROMPTS = [
 
 def drop_engines(keep_default: bool = True) -> None:
     """Forget the loaded engines but, with ``keep_default``, the default pair's, whose prompt cache is cleared."""
-    from fly_runtime import loader
+    from fly_runtime.loader import ModelSettings, loaded, unload
 
-    default = loader.ModelSettings()
-    for settings in list(loader._engines):
-        if not (keep_default and settings == default):
-            loader.unload(settings)
-    if keep_default and default in loader._engines:
-        loader._engines[default].clear_cache()
+    default = ModelSettings() if keep_default else None
+    unload(keep=default)
+    if default is not None and (engine := loaded(default)) is not None:
+        engine.clear_cache()
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -33,3 +33,15 @@ def test_a_per_call_override_reaches_the_config():
     params = FlyParams()
     assert params.generation_config(entropy_top_k=5, max_tokens=7).entropy_top_k == 5
     assert params.generation_config(max_tokens=7).max_new_tokens == 7
+
+
+def test_unload_keeps_the_engine_asked_for_and_forgets_the_others(monkeypatch):
+    from fly_runtime import loader
+
+    kept, other = loader.ModelSettings(), loader.ModelSettings(precision="fp32")
+    engine = object()  # stands for a loaded engine: nothing here loads one
+    monkeypatch.setattr(loader, "_engines", {kept: engine, other: object()})
+    loader.unload(keep=kept)
+    assert loader.loaded(kept) is engine and loader.loaded(other) is None
+    loader.unload()
+    assert loader.loaded(kept) is None
