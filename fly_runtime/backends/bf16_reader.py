@@ -253,8 +253,12 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos[:, None] + rotated * sin[:, None]
 
 
-# what a read costs beyond its matrix products (attention, norms, conversions), as measured on the 1.5B
-READ_OVERHEAD = 2.0
+# what a read costs a token beyond its matrix products (attention over a few hundred cached positions, norms,
+# conversions, the handover), as measured on the 1.5B on two cores: about the same with AMX (products 1.4 ms a
+# token, reads 2.5-3.5) and with AVX512-BF16 alone (products 6.1 ms, reads 7.1-8.0). Not a multiple of the products:
+# priced as one (twice them), the Zen 4 EPYC's reads were predicted at 12 ms a token and the reader never opened.
+OTHER_MS = 1.5
+OTHER_PARAMS = 1.31e9  # the decoder weights of the 1.5B that OTHER_MS was measured on
 PRODUCT = (512, 1536, 8960)  # the bfloat16 product timed once per machine (rows, K, N)
 
 
@@ -289,9 +293,9 @@ def readable_params(gguf_path: Path) -> int:
 
 def predicted_ms_per_token(params: int, product: float) -> float:
     """A read's milliseconds a token for a model of ``params`` decoder weights, from the timed product
-    (``product_ms``)."""
+    (``product_ms``): the products' share, plus the rest of a read (``OTHER_MS``, scaled by the model's size)."""
     rows, k, n = PRODUCT
-    return product / rows * params / (k * n) * READ_OVERHEAD
+    return product / rows * params / (k * n) + OTHER_MS * params / OTHER_PARAMS
 
 
 class ReaderSlot:
@@ -303,7 +307,10 @@ class ReaderSlot:
     LEARN_RATE = 0.3
     SECONDS_PER_PARAM = 10e-9  # opening: each weight dequantised and rounded to bfloat16 (13 s for the 1.5B)
     SECONDS_PER_PARAM_KEPT = 2e-9  # opening from the weights kept by an earlier opening (mapped, read on first use)
-    GAIN = 2.0  # a reader is worth its memory (2 bytes a weight) where it reads at least this much faster
+    # a reader is worth its memory (2 bytes a weight) where it reads at least this much faster: a read-heavy turn
+    # (a RAG answer, a tool call) then comes out about 1.4x faster. At 2.0 it was dropped on the Zen 4 EPYC, whose
+    # reads it makes 1.6-1.7x faster (llama.cpp's own 13 ms a token once learned, tuning's 17)
+    GAIN = 1.5
 
     def __init__(self, gguf_path: Path, reader_ms: float, open_seconds: float, cache: Path | None = None) -> None:
         self.gguf_path, self.cache = gguf_path, cache

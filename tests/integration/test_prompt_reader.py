@@ -141,7 +141,7 @@ def test_an_engine_request_over_a_long_prompt_is_read_by_the_reader(target, monk
 
     def ask(seed: int, question: str):
         facts = " ".join(f"Record {i}: the sensor in room {(i * seed) % 7} read {20 + i % 9} degrees at {i % 24}:00."
-                         for i in range(60))
+                         for i in range(32))  # ~780 tokens: two of the reader's chunks
         prompt = engine.tokenizer.apply_chat_template(
             [{"role": "user", "content": f"{facts}\n\n{question} Answer in one sentence."}], add_generation_prompt=True)
         return engine.generate(prompt, GenerationConfig(max_new_tokens=24, mode="ar"))
