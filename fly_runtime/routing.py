@@ -89,8 +89,8 @@ class Router:
     _reply: dict[str, float] = field(default_factory=dict)  # kind -> tokens
     _missed: dict[str, float] = field(default_factory=dict)  # form not open -> seconds it would have saved so far
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    # a prompt reader for one form (bf16_reader.ReaderSlot, llama.cpp's): reads there cost the reader's price once
-    # it is open or has paid for its opening, which the reads served anywhere count toward
+    # a prompt reader for one form (bf16_reader.ReaderSlot, llama.cpp's): reads there cost the reader's price while
+    # it is open or expected to pay (it opens within long reads there; the reads served elsewhere count toward it)
     reader_form: str | None = None
     reader: ReaderSlot | None = None
 
@@ -121,7 +121,7 @@ class Router:
         return unread * self._read_price(form) + reply * written
 
     def _read_price(self, form: str) -> float:
-        if form == self.reader_form and self.reader is not None and self.reader.ready():
+        if form == self.reader_form and self.reader is not None and self.reader.expected():
             return self.reader.reader_ms / 1000
         return self._read.get(form, self.prices[form].read)
 

@@ -352,6 +352,12 @@ class ReaderSlot:
         """Whether reads here go to the reader: it is open, or has paid for its opening and is worth its memory."""
         return self.reader is not None or (self.missed >= self.open_seconds and self._worth())
 
+    def expected(self) -> bool:
+        """Whether long reads here are the reader's or about to be: it is open, or predicted to pay and not dropped.
+        The router prices them at its price, so that a long read comes here and pays for the reader's opening
+        instead of opening another form of the target (a second copy of the weights) to read it."""
+        return self.reader is not None or (self.open_seconds != float("inf") and self.promising())
+
     def promising(self) -> bool:
         """Predicted (before it opens) to read ``GAIN`` times as fast as the backend."""
         return self.own_ms is not None and self.reader_ms * self.GAIN <= self.own_ms
