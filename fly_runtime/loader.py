@@ -281,7 +281,7 @@ def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precis
 
 def _prompt_reader(model: ResolvedModel):
     """A prompt reader's slot for the model's llama.cpp form (fly_runtime/backends/bf16_reader.py): long prompt
-    reads in bfloat16 where this CPU's matrix units make them several times faster than llama.cpp's own, opened
+    reads in bfloat16 where this CPU makes them at least ``ReaderSlot.GAIN`` times faster than llama.cpp's own, opened
     once that has paid for its opening; None where the model came as no GGUF, the reader does not compute it, or
     ``FLY_PROMPT_READER=0`` leaves every read to llama.cpp."""
     if model.gguf is None or os.environ.get("FLY_PROMPT_READER", "1") == "0":

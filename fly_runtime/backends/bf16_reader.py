@@ -2,9 +2,10 @@
 llama.cpp's cache, so that llama.cpp writes the reply from them as if it had read the prompt itself.
 
 Why: on a CPU a prompt read is llama.cpp's slowest part (a RAG answer or a tool turn reads hundreds of tokens and
-writes tens; llama.cpp reads a token for a quarter of a step), and on a CPU with bfloat16 matrix units (AMX-BF16
-on an Intel Xeon; AVX512-BF16) PyTorch's oneDNN products read 512 rows five to six times faster, with no
-activation rounding to speak of (int8 activations cost a 1.5B model three points of agreement: docs/design.md).
+writes tens; llama.cpp reads a token for a quarter of a step), and on a CPU that computes bfloat16 PyTorch's
+oneDNN products read prompts faster (AMX-BF16 on an Intel Xeon: five to six times; AVX512-BF16 on a Zen 4 EPYC:
+1.6-1.7x), with no activation rounding to speak of (int8 activations cost a 1.5B model three points of agreement:
+docs/design.md).
 A step of a bfloat16 model reads twice an 8-bit model's bytes, so the writing stays on llama.cpp. Both compute
 the GGUF's weights (here dequantised to bfloat16), and the reader hands over keys after rotary and values in
 llama.cpp's own rows (llama_cpp_state.py). It holds no LM head: the last prompt token, whose logits are wanted,

@@ -24,7 +24,7 @@ def target():
 @pytest.fixture(scope="module", autouse=True)
 def reader_opens_here(target):
     """The reader's real reads run where fly would open it: on a CPU whose timed bfloat16 product predicts reads
-    at least ``ReaderSlot.GAIN`` times as fast as llama.cpp's (matrix units). Elsewhere bfloat16 is emulated, a read
+    at least ``ReaderSlot.GAIN`` times as fast as llama.cpp's (AMX, AVX512-BF16). Elsewhere bfloat16 is emulated, a read
     takes ten times llama.cpp's, the reader never opens, and its arithmetic is tested on a small GGUF
     (tests/unit/test_prompt_reader.py)."""
     from fly_runtime.loader import _prompt_reader
