@@ -1,8 +1,9 @@
 """Drafters propose the next tokens; they know nothing of how the target verifies them.
 
-- ``NgramDrafter``: prompt lookup. Finds the latest n-gram of the context earlier in the context and
-  proposes what followed it. Free to run, and strong where the answer copies the prompt (RAG, edits). Given a
-  ``ReplyHistory``, a greedy request also draws on the replies this process wrote before (suffix drafts: an
+- ``NgramDrafter``: prompt lookup. Finds the longest match of the context's end earlier in the context (its
+  latest occurrence among the longest) and proposes what followed it. Free to run, and strong where the answer
+  copies the prompt (RAG, edits) or its conversation's last turn (an agent's calls). Given a ``ReplyHistory``, a
+  greedy request also draws on the replies this process wrote before where they match longer (suffix drafts: an
   agent's tool calls and a template's answers repeat across requests).
 - ``ModelDrafter``: a small causal LM drafting greedily (or sampling), one token per forward pass. Given an
   ``NgramDrafter``, a round that asks for n-grams runs the multi-level cascade: n-gram proposals are checked by
@@ -81,50 +82,81 @@ def _one_hot_rows(token_ids: Sequence[int], vocab_size: int) -> torch.Tensor:
     return rows
 
 
+def _longest_match(tokens: np.ndarray, tail: np.ndarray, ends: np.ndarray) -> tuple[int, int]:
+    """Of the candidate ``ends`` (positions of ``tokens`` that hold ``tail``'s last id), the one where the
+    longest suffix of ``tail`` ends, the latest among the longest: (length, end), or (0, -1) where none is given.
+    Only the candidates are extended backwards, so a lookup costs one comparison over ``tokens``."""
+    if not ends.size:
+        return 0, -1
+    lengths = np.ones(ends.size, np.int64)
+    alive = np.ones(ends.size, bool)
+    for back in range(1, len(tail)):
+        at = ends - back
+        alive &= at >= 0
+        alive[alive] &= tokens[at[alive]] == tail[-1 - back]
+        if not alive.any():
+            break
+        lengths += alive
+    best = int(lengths.max())
+    return best, int(ends[lengths == best][-1])
+
+
 class ReplyHistory:
     """The replies this process wrote, for suffix drafts (SuffixDecoding, arXiv 2411.04975): an agent's tool
-    calls, a template's answers and extraction JSON repeat across requests, not only within one prompt. Bounded
-    to ``capacity`` tokens, the oldest dropped first; each reply ends with a -1, so no draft runs across two."""
+    calls, a template's answers and extraction JSON repeat across requests, not only within one prompt. Each
+    reply is kept after the last ``LEAD`` ids of its prompt (the chat template's turn opening), so that a reply's
+    first tokens match where a new reply begins the same way; bounded to ``capacity`` tokens, the oldest dropped
+    first; each entry ends with a -1, so no draft runs across two."""
 
     MIN_MATCH = 2  # a single shared token says little about what follows it in another reply
+    LEAD = 8  # prompt ids kept before a reply: the end of the turn it answers, the template's reply opening
 
     def __init__(self, capacity: int = 65536) -> None:
         self.capacity = capacity
         self._tokens = np.empty(0, np.int64)
         self._lock = threading.Lock()
 
-    def remember(self, reply: Sequence[int]) -> None:
+    def remember(self, reply: Sequence[int], prompt: Sequence[int] = ()) -> None:
         if len(reply) < self.MIN_MATCH + 1:
             return
+        lead = list(prompt[-self.LEAD:]) if self.LEAD else []
         with self._lock:  # requests finish on several threads; readers take the array as it was
-            self._tokens = np.concatenate([self._tokens, np.asarray(reply, np.int64), [-1]])[-self.capacity:]
+            self._tokens = np.concatenate([self._tokens, np.asarray(lead + list(reply), np.int64), [-1]])[
+                -self.capacity:]
+
+    def match(self, tail: np.ndarray) -> tuple[int, int]:
+        """The longest (then latest) match of ``tail``'s end in an earlier entry that goes on in it: (length,
+        end), length 0 where none holds ``MIN_MATCH`` ids."""
+        tokens = self._tokens
+        ends = np.flatnonzero((tokens[:-1] == tail[-1]) & (tokens[1:] >= 0))
+        length, end = _longest_match(tokens, tail, ends)
+        return (length, end) if length >= self.MIN_MATCH else (0, -1)
+
+    def after(self, end: int, limit: int) -> list[int]:
+        """Up to ``limit`` ids that follow position ``end``, cut at its entry's end."""
+        after = self._tokens[end + 1:][:limit]
+        stop = np.flatnonzero(after < 0)
+        return after[: stop[0] if stop.size else limit].tolist()
 
     def follow(self, tail: np.ndarray, limit: int) -> list[int]:
-        """What followed the latest earlier occurrence of ``tail`` in a reply, up to ``limit`` tokens."""
-        tokens, n = self._tokens, len(tail)
-        if n < self.MIN_MATCH or len(tokens) <= n:
-            return []
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
-        hits = np.flatnonzero((windows == tail).all(axis=1))
-        hits = hits[tokens[hits + n] >= 0]  # the match must go on in its own reply
-        if not hits.size:
-            return []
-        after = tokens[int(hits[-1]) + n:][:limit]
-        end = np.flatnonzero(after < 0)
-        return after[: end[0] if end.size else limit].tolist()
+        """What followed the longest (then latest) earlier match of ``tail``'s end, up to ``limit`` tokens."""
+        length, end = self.match(tail)
+        return self.after(end, limit) if length else []
 
 
 class NgramDrafter(Drafter):
-    """Prompt-lookup proposals: longest n-gram first (max_ngram down to 1), earliest match in the context, or
-    (``history``, greedy requests only) the latest in an earlier reply where the context has none that long."""
+    """Prompt-lookup proposals: what followed the longest match of the context's end (up to ``max_ngram`` ids)
+    earlier in the context, its latest occurrence among the longest (in a conversation the latest turn is the
+    pattern the next one follows: an agent's last tool call, not the format example of its system prompt), or
+    (``history``, greedy requests only) in an earlier reply where that matches longer."""
 
-    def __init__(self, max_ngram: int = 4, max_tokens: int = 6, history: ReplyHistory | None = None) -> None:
+    def __init__(self, max_ngram: int = 12, max_tokens: int = 6, history: ReplyHistory | None = None) -> None:
         self.max_ngram = max_ngram
         self.max_tokens = max_tokens
         self.history = history
 
     def lookup(self, context: Sequence[int], k: int) -> list[int]:
-        """What followed the context's latest n-gram earlier in the context (the drafter model's cascade)."""
+        """What followed the context's longest match earlier in the context (the drafter model's cascade)."""
         return self._find(context, k, history=False)[0]
 
     def _find(self, context: Sequence[int], k: int, history: bool) -> tuple[list[int], bool]:
@@ -133,25 +165,22 @@ class NgramDrafter(Drafter):
         if limit < 1 or len(context) < 2:
             return [], False
         ids = np.asarray(context, dtype=np.int64)
-        for n in range(min(self.max_ngram, len(ids) - 1), 0, -1):
-            # windows that end before the last token, so every match has at least one token after it
-            windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)
-            hits = np.flatnonzero((windows == ids[-n:]).all(axis=1))
-            if hits.size:
-                start = int(hits[0]) + n
-                return ids[start : start + limit].tolist(), False
-            if history and self.history is not None:
-                earlier = self.history.follow(ids[-n:], limit)
-                if earlier:
-                    return earlier, True
-        return [], False
+        tail = ids[-min(self.max_ngram, len(ids) - 1):]
+        # matches end before the last id, so every one has at least one id after it
+        length, end = _longest_match(ids, tail, np.flatnonzero(ids[:-1] == tail[-1]))
+        if history and self.history is not None:
+            earlier, at = self.history.match(tail)
+            if earlier > length:  # as long a match in the context wins
+                return self.history.after(at, limit), True
+        if not length:
+            return [], False
+        return ids[end + 1 : end + 1 + limit].tolist(), False
 
     def propose(self, context: Sequence[int], shape: DraftShape, sampler: Sampler) -> Draft:
         # earlier replies only where the request is greedy: a sampled request's draws depend on its drafts, and a
         # seeded one must repeat itself whatever ran before it
         ids, borrowed = self._find(context, shape.k, history=shape.history and sampler.greedy)
         return Draft(ids, exact=borrowed)  # deterministic: no distribution to carry
-
 
 class ModelDrafter(Drafter):
     """A small LM as drafter; given ``ngram``, rounds that ask for n-grams are fed its proposals first (the

@@ -346,7 +346,7 @@ class FlyEngine:
             yield tail
         stream.result = request.result()
         if self.history is not None:
-            self.history.remember(stream.result.token_ids)
+            self.history.remember(stream.result.token_ids, request.prompt)
         if self.router is not None:
             stream.result.form = request.form.name
             self.router.record(request.form.name, request.kind, stream.result.stats.new_tokens,

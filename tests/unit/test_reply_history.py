@@ -50,6 +50,33 @@ def test_lookup_prefers_the_context_then_a_longer_match_in_earlier_replies():
     assert lookup.propose([1, 2, 3, 41, 42], DraftShape(3, 0.0, 0, history=False), greedy).token_ids == []
 
 
+def test_lookup_follows_the_latest_of_the_longest_matches_in_the_context():
+    """In a conversation the latest turn is the pattern the next follows: after "<tool_call>" an agent's last call,
+    not its system prompt's format example (``7, 1, 2`` opens both here; 90 is the example, 50 the call)."""
+    lookup, greedy = NgramDrafter(), Sampler(0.0, 0, 1.0, torch.Generator())
+    example_then_call = [7, 1, 2, 90, 91, 5, 7, 1, 2, 50, 51, 6, 7, 1, 2]
+    assert lookup.propose(example_then_call, DraftShape(3, 0.0, 0), greedy).token_ids == [50, 51, 6]
+    # a longer match beats a later one
+    assert lookup.lookup([3, 7, 1, 2, 60, 8, 1, 2, 70, 3, 7, 1, 2], 2) == [60, 8]
+    # matches longer than four ids count: the 5-id match (4, 3, 7, 1, 2) beats the later 4-id one
+    assert lookup.lookup([4, 3, 7, 1, 2, 61, 9, 3, 7, 1, 2, 62, 4, 3, 7, 1, 2], 1) == [61]
+
+
+def test_a_reply_is_matched_through_the_end_of_the_prompt_it_answered():
+    """A reply's opening depends on the turn it answers (an agent's first call after the user's question, its next
+    ones after a tool's result): the history keeps each reply after its prompt's last ids, so a new reply draws on
+    the one that answered a turn ending the same way."""
+    history = ReplyHistory()
+    history.remember([20, 21, 22, 23], prompt=[1, 2, 8, 9])  # answering a turn that ends 8, 9
+    history.remember([30, 31, 32, 33], prompt=[1, 2, 5, 9])  # the latest, answering one that ends 5, 9
+    lookup, greedy = NgramDrafter(history=history), Sampler(0.0, 0, 1.0, torch.Generator())
+    shape = DraftShape(3, 0.0, 0)
+    assert lookup.propose([40, 41, 8, 9], shape, greedy).token_ids == [20, 21, 22]
+    assert lookup.propose([40, 41, 5, 9], shape, greedy).token_ids == [30, 31, 32]
+    assert lookup.propose([40, 41, 8, 9, 20, 21], shape, greedy).token_ids == [22, 23]  # cut at its reply's end
+    assert history.follow(np.array([2, 5, 9]), 2) == [30, 31]
+
+
 def test_a_sampled_request_never_drafts_from_earlier_replies():
     history = ReplyHistory()
     history.remember([40, 41, 42, 43])
