@@ -52,14 +52,16 @@ def test_lookup_prefers_the_context_then_a_longer_match_in_earlier_replies():
 
 def test_lookup_follows_the_latest_of_the_longest_matches_in_the_context():
     """In a conversation the latest turn is the pattern the next follows: after "<tool_call>" an agent's last call,
-    not its system prompt's format example (``7, 1, 2`` opens both here; 90 is the example, 50 the call)."""
+    not its system prompt's format example (``3, 7, 1, 2`` opens both here; 90 is the example, 50 the call)."""
     lookup, greedy = NgramDrafter(), Sampler(0.0, 0, 1.0, torch.Generator())
-    example_then_call = [7, 1, 2, 90, 91, 5, 7, 1, 2, 50, 51, 6, 7, 1, 2]
+    example_then_call = [9, 3, 7, 1, 2, 90, 91, 5, 8, 3, 7, 1, 2, 50, 51, 6, 4, 3, 7, 1, 2]
     assert lookup.propose(example_then_call, DraftShape(3, 0.0, 0), greedy).token_ids == [50, 51, 6]
     # a longer match beats a later one
     assert lookup.lookup([3, 7, 1, 2, 60, 8, 1, 2, 70, 3, 7, 1, 2], 2) == [60, 8]
     # matches longer than four ids count: the 5-id match (4, 3, 7, 1, 2) beats the later 4-id one
     assert lookup.lookup([4, 3, 7, 1, 2, 61, 9, 3, 7, 1, 2, 62, 4, 3, 7, 1, 2], 1) == [61]
+    # a short match is a common phrase: its first occurrence (a retrieved text, read in order) is followed
+    assert lookup.lookup([8, 2, 70, 9, 2, 71, 5, 2], 1) == [70]
 
 
 def test_a_reply_is_matched_through_the_end_of_the_prompt_it_answered():
