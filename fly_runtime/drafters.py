@@ -1,10 +1,10 @@
 """Drafters propose the next tokens; they know nothing of how the target verifies them.
 
 - ``NgramDrafter``: prompt lookup. Finds the longest match of the context's end earlier in the context (its
-  latest occurrence among the longest where that is a few ids long) and proposes what followed it. Free to run, and strong where the answer
-  copies the prompt (RAG, edits) or its conversation's last turn (an agent's calls). Given a ``ReplyHistory``, a
-  greedy request also draws on the replies this process wrote before where they match longer (suffix drafts: an
-  agent's tool calls and a template's answers repeat across requests).
+  latest occurrence among the longest where that is a few ids long) and proposes what followed it. Free to run,
+  and strong where the answer copies the prompt (RAG, edits) or its conversation's last turn (an agent's calls).
+  Given a ``ReplyHistory``, a greedy request also draws on the replies this process wrote before where they match
+  longer (suffix drafts: an agent's tool calls and a template's answers repeat across requests).
 - ``ModelDrafter``: a small causal LM drafting greedily (or sampling), one token per forward pass. Given an
   ``NgramDrafter``, a round that asks for n-grams runs the multi-level cascade: n-gram proposals are checked by
   one drafter forward pass, the agreeing prefix is kept plus the drafter's own next token, and that repeats
@@ -176,7 +176,7 @@ class NgramDrafter(Drafter):
         tail = ids[-min(self.max_ngram, len(ids) - 1):]
         # matches end before the last id, so every one has at least one id after it
         length, end = _longest_match(ids, tail, np.flatnonzero(ids[:-1] == tail[-1]), self.LATEST_FROM)
-        if history and self.history is not None:
+        if history and self.history is not None and length < len(tail):  # a whole-tail match here cannot lose
             earlier, at = self.history.match(tail)
             if earlier > length:  # as long a match in the context wins
                 return self.history.after(at, limit), True
@@ -189,6 +189,7 @@ class NgramDrafter(Drafter):
         # seeded one must repeat itself whatever ran before it
         ids, borrowed = self._find(context, shape.k, history=shape.history and sampler.greedy)
         return Draft(ids, exact=borrowed)  # deterministic: no distribution to carry
+
 
 class ModelDrafter(Drafter):
     """A small LM as drafter; given ``ngram``, rounds that ask for n-grams are fed its proposals first (the
