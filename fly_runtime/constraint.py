@@ -54,6 +54,7 @@ class JsonConstraint:
         except ValueError as exc:
             raise InvalidSettingsError(f"the reply's grammar cannot be read: {exc}") from None
         self.matcher = llguidance.LLMatcher(grammar_tokenizer, grammar, log_level=0)
+        self.tokenizer = grammar_tokenizer
         if self.matcher.is_error():
             raise InvalidSettingsError(f"the reply's grammar cannot be decoded to: {self.matcher.get_error()}")
         self.vocab_size = vocab_size
@@ -82,10 +83,18 @@ class JsonConstraint:
         return torch.stack(masks), n
 
     def forced(self) -> list[int]:
-        """The tokens the grammar allows no alternative to from here (keys, punctuation, closing brackets):
-        llguidance's fast-forward tokens. Drafted as they are, they are verified like any draft, so exact
-        decoding stays exact where the target would tokenize the same text otherwise."""
-        return list(self.matcher.compute_ff_tokens())
+        """The tokens of the text the grammar allows no alternative to from here (keys, punctuation, closing
+        brackets, a string's opening quote): llguidance's fast-forward tokens, then the text they leave as the
+        tokenizer writes it. That rest (the ``' "'`` before a string value, the ``' '`` before a number) is no
+        forced token, since the model may write it merged with the value's first characters, but it is the
+        likely one; drafted with the rest, the pass that reads a key also writes its value's first token. All are
+        verified like any draft, so exact decoding stays exact where the target would tokenize the text otherwise."""
+        tokens = list(self.matcher.compute_ff_tokens())
+        text = self.matcher.compute_ff_bytes()
+        written = self.tokenizer.decode_bytes(tokens)
+        if len(text) > len(written) and text.startswith(written):
+            tokens += self.tokenizer.tokenize_bytes(text[len(written):])
+        return tokens
 
     def commit(self, token_ids: Sequence[int]) -> None:
         if token_ids and not self.matcher.consume_tokens(list(token_ids)):

@@ -162,6 +162,25 @@ def test_calls_and_json_replies_are_written_in_one_layout_whose_separators_the_g
     assert takes('{\n  "city": "Lima",\n  "days": 3\n}', flexible)
 
 
+def test_the_grammars_forced_text_is_drafted_through_a_values_opening_quote():
+    """The text a grammar forces goes on past its forced tokens: `{"city": "` holds a string's opening quote,
+    which no token is forced for (the model may merge it with the value), but which is drafted, so the pass that
+    reads a key also writes the value's first token. What is drafted is verified, never committed unread."""
+    from fly_runtime.constraint import JsonConstraint, grammar_tokenizer
+
+    _, tok = FAMILIES["hermes"]
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+              "required": ["city", "days"], "additionalProperties": False}
+    eos = [tok.eos_token_id or 0]
+    constraint = JsonConstraint(grammar_tokenizer(tok, len(tok), eos), json.dumps(schema), len(tok), eos)
+    forced = constraint.forced()
+    assert tok.decode(forced) == '{"city": "'
+    masks, allowed = constraint.masks_along(forced)
+    assert allowed == len(forced)  # the grammar takes all of it
+    constraint.commit(forced + tok.encode('Lima",', add_special_tokens=False))
+    assert tok.decode(constraint.forced()) == ' "days": '  # an integer's separator, up to its first digit
+
+
 def _grammar_takes(lark: str, text: str, tok) -> bool:
     """Does the grammar accept ``text`` whole, as ``tok`` tokenizes it?"""
     import llguidance
