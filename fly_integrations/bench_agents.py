@@ -16,6 +16,7 @@ from pydantic import PrivateAttr
 from fly_integrations.bench_tools import ToolTurns
 from fly_integrations.langchain import FlyChatModel
 from fly_runtime import GenerationConfig
+from fly_runtime.backends.llama_cpp_backend import on_llama_thread
 from fly_runtime.bench.runner import LLAMA_CPP, ModeSpec
 from fly_runtime.bench.suites import Task
 from fly_runtime.engine import GenerationResult, GenerationStats, GenerationStream
@@ -188,20 +189,28 @@ class _LlamaCppEngine:
         held = self.llm.n_tokens
         cached = next((i for i, (a, b) in enumerate(zip(self.llm.input_ids[:held].tolist(), ids)) if a != b),
                       min(held, len(ids)))
-        text, new, finish = StopTextStream(self.tokenizer, config.stop), 0, "length"
+        text = StopTextStream(self.tokenizer, config.stop)
+        pieces: list[str] = []
+
+        def decode() -> tuple[int, str]:
+            new = 0
+            for token in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, reset=True):
+                if token in self.eos_token_ids:
+                    return new, "stop"
+                new += 1
+                if piece := text.push([token]):
+                    pieces.append(piece)
+                if text.stopped:
+                    return new, "stop"
+                if new >= config.max_new_tokens:
+                    break
+            return new, "length"
+
         start = time.perf_counter()
-        for token in self.llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, reset=True):
-            if token in self.eos_token_ids:
-                finish = "stop"
-                break
-            new += 1
-            if piece := text.push([token]):
-                yield piece
-            if text.stopped:
-                finish = "stop"
-                break
-            if new >= config.max_new_tokens:
-                break
+        # the whole reply on fly's llama.cpp thread (LlamaCpp.on_thread: one thread drives llama.cpp in a process),
+        # its pieces passed on after: the suite times whole conversations, not first tokens
+        new, finish = on_llama_thread(decode)
+        yield from pieces
         if tail := text.finish():
             yield tail
         stats = GenerationStats(prompt_tokens=len(ids), cached_tokens=min(cached, len(ids) - 1),

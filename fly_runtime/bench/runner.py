@@ -100,9 +100,14 @@ class LlamaCpp:
         except ImportError as exc:
             raise FlyError("the llama-cpp mode needs llama-cpp-python: pip install 'fly-integrations[llama-cpp]' "
                            "(it builds llama.cpp, about 10 minutes once)") from exc
+        from fly_runtime.backends.llama_cpp_backend import on_llama_thread
+
         threads = os.cpu_count()
-        self.llm = Llama(model_path=str(gguf), n_ctx=context, n_threads=threads, n_threads_batch=threads,
-                         verbose=False)
+        # on the thread fly's llama.cpp passes run on (llama_cpp_backend.on_llama_thread): a second thread driving
+        # llama.cpp in one process slows both (OpenMP's spin-waits cut), as no user running llama.cpp alone sees
+        self.on_thread = on_llama_thread
+        self.llm = on_llama_thread(lambda: Llama(model_path=str(gguf), n_ctx=context, n_threads=threads,
+                                                 n_threads_batch=threads, verbose=False))
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, eos: set[int], tokenizer,
                  json_schema: str | None = None) -> dict:
@@ -116,14 +121,18 @@ class LlamaCpp:
         # llama-cpp-python keeps the previous prompt's cache and reads only past the common prefix; fly's modes
         # start from an empty cache in the bench, so the peer does too
         self.llm.reset()
+
+        def decode() -> None:
+            for token in self.llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, reset=True,
+                                           grammar=grammar):
+                if token in eos:
+                    break
+                new.append(token)
+                if len(new) >= max_new_tokens:
+                    break
+
         start = time.perf_counter()
-        for token in self.llm.generate(prompt_ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, reset=True,
-                                       grammar=grammar):
-            if token in eos:
-                break
-            new.append(token)
-            if len(new) >= max_new_tokens:
-                break
+        self.on_thread(decode)
         return _peer_row(new, time.perf_counter() - start, tokenizer, plain=True)
 
 
