@@ -241,3 +241,20 @@ def test_the_batch_size_is_the_smallest_near_the_best_throughput_and_is_kept(cac
     # a target that holds more sequences than the record timed is measured again
     wider = TimedLM({1: 20, 2: 21, 4: 80, 8: 160, 16: 40}, sequences=16)
     assert choose_batch(wider, model, context=8, repeats=2) == 16 and wider.passes
+
+
+def test_llama_cpp_work_runs_on_the_process_s_one_thread_whoever_asks():
+    """llama.cpp and torch share one OpenMP runtime: every thread that starts parallel work gets a team, and more team
+    threads than cores slow every llama.cpp step after. So all of it (any backend's passes, the prompt reader's
+    products, the bench's peer) runs on one thread, and work already there runs in place instead of waiting on
+    itself."""
+    from fly_runtime.backends.llama_cpp_backend import on_llama_thread
+
+    def work() -> tuple[int, int]:
+        return threading.get_ident(), on_llama_thread(threading.get_ident)  # nested: no deadlock
+
+    with ThreadPoolExecutor(max_workers=4) as callers:
+        ran = list(callers.map(lambda _: on_llama_thread(work), range(8)))
+    assert len(set(ran)) == 1
+    outer, inner = ran[0]
+    assert outer == inner != threading.get_ident()
