@@ -226,6 +226,13 @@ class DraftPolicy:
         # the model: it verifies prompt-lookup proposals where they pay and decodes plainly elsewhere
         self.model_drafts = not (self.adaptive and costs is not None and not costs.model_drafts_pay())
         self.lookup = LookupGate(costs if self.adaptive else None, self.PRIOR_P, self.MEMORY)
+        # earlier replies' drafts (suffix drafts) are priced apart: where they miss (another schema's values, another
+        # task's calls) they must not close the gate on the request's own prompt, which its reply copies
+        self.history_lookup = LookupGate(costs if self.adaptive else None, self.PRIOR_P, self.MEMORY)
+
+    def lookup_gate(self, borrowed: bool) -> "LookupGate":
+        """The gate pricing a lookup proposal: from an earlier reply (``borrowed``) or from the request itself."""
+        return self.history_lookup if borrowed else self.lookup
 
     def next_is_plain(self) -> bool:
         """Decode this step plainly? Also used once per engine to measure a plain step when none is known."""

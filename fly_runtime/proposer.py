@@ -140,7 +140,7 @@ class Proposer:
             if verdict is None:
                 policy.record_plain(None)
             else:
-                policy.lookup.record(verdict.accepted, len(proposal.draft.token_ids))
+                policy.lookup_gate(proposal.draft.exact).record(verdict.accepted, len(proposal.draft.token_ids))
             return
         if verdict is None:
             policy.record_plain(now - proposal.ready)
@@ -149,7 +149,7 @@ class Proposer:
             policy.record_round(len(proposal.draft.token_ids), verdict.accepted, produced, proposal.draft_seconds,
                                 now - proposal.ready, verdict.matched)
         else:
-            policy.lookup.record(verdict.accepted, len(proposal.draft.token_ids))
+            policy.lookup_gate(proposal.draft.exact).record(verdict.accepted, len(proposal.draft.token_ids))
         if self.deferral is not None:
             self.deferral.record(produced, now - proposal.started, policy.plain_step_seconds)
 
@@ -160,7 +160,10 @@ class Proposer:
         k = remaining - 1 if self.policy.adaptive else min(self.policy.k, remaining - 1)
         shape = DraftShape(k, 0.0, 0, history=self.policy.suffix)
         draft = self.lookup.propose(context, shape, self.sampler) if self.lookup else Draft()
-        keep = self.policy.lookup.length(len(draft.token_ids), sharing)
+        keep = self.policy.lookup_gate(draft.exact).length(len(draft.token_ids), sharing)
+        if draft.exact and not keep:  # earlier replies' drafts do not pay in this request: its own prompt's may
+            draft = self.lookup.propose(context, dataclasses.replace(shape, history=False), self.sampler)
+            keep = self.policy.lookup.length(len(draft.token_ids), sharing)
         now = time.perf_counter()
         if not keep:
             return Proposal(Draft(), Kind.PLAIN, start, now)

@@ -64,6 +64,30 @@ def test_where_prompt_lookup_is_the_drafter_each_proposal_is_priced_and_a_missin
     assert propose.policy.rounds == 0 and propose.lookup_rounds == kinds.count(False)
 
 
+def test_earlier_replies_that_miss_do_not_close_the_lookup_on_the_requests_own_prompt():
+    """Drafts from earlier replies (another schema's values, another task's calls) are priced by a gate of their
+    own: where they keep missing, the request still verifies what its own prompt proposes."""
+    from fly_runtime.drafters import ReplyHistory
+
+    history = ReplyHistory()
+    history.remember([1, 2, 5, 6, 7, 50, 51, 52, 53])  # matches the context's end longer than the context does
+    propose = proposer("exact", Learned(plain_step=0.060, costs=CostProfile(step=0.060, row=0.025, draft=0.0)),
+                       NgramDrafter(history=history))
+    seen = []
+    for _ in range(8):
+        proposal = propose.propose(CONTEXT, 20, 0)
+        if proposal.plain:
+            seen.append("plain")
+            continue
+        borrowed = proposal.draft.exact
+        seen.append("earlier" if borrowed else "own")
+        kept = 0 if borrowed else len(proposal.draft.token_ids)  # the earlier reply misses, the prompt's copy holds
+        assert borrowed or proposal.draft.token_ids[:2] == [8, 9]
+        propose.record(proposal, Verdict(accepted=kept, next_token=3, native=kept, forgiven=0, matched=kept), CONTEXT,
+                       [*proposal.draft.token_ids[:kept], 3])
+    assert seen[0] == "earlier" and seen[-1] == "own" and "plain" not in seen[seen.index("own"):]
+
+
 def test_a_fixed_draft_length_caps_a_lookup_proposal():
     propose = Proposer(GenerationConfig(mode="exact", k=2), None, NgramDrafter(), defer=False,
                        learned=Learned(plain_step=0.059, costs=FAST_TARGET), sampler=GREEDY)
