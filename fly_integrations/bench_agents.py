@@ -207,7 +207,7 @@ class _LlamaCppEngine:
             return new, "length"
 
         start = time.perf_counter()
-        # the whole reply on fly's llama.cpp thread (LlamaCpp.on_thread: one thread drives llama.cpp in a process),
+        # the whole reply on fly's llama.cpp thread (on_llama_thread: one thread drives llama.cpp in a process),
         # its pieces passed on after: the suite times whole conversations, not first tokens
         new, finish = on_llama_thread(decode)
         yield from pieces

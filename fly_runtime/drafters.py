@@ -140,11 +140,6 @@ class ReplyHistory:
         stop = np.flatnonzero(after < 0)
         return after[: stop[0] if stop.size else limit].tolist()
 
-    def follow(self, tail: np.ndarray, limit: int) -> list[int]:
-        """What followed the longest (then latest) earlier match of ``tail``'s end, up to ``limit`` tokens."""
-        length, end = self.match(tail)
-        return self.after(end, limit) if length else []
-
 
 class NgramDrafter(Drafter):
     """Prompt-lookup proposals: what followed the longest match of the context's end (up to ``max_ngram`` ids)

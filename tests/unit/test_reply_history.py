@@ -12,15 +12,21 @@ from fly_runtime.engine import FlyEngine
 from fly_runtime.sampling import Sampler
 
 
+def follow(history: ReplyHistory, tail: np.ndarray, limit: int) -> list[int]:
+    """What followed the longest (then latest) earlier match of ``tail``'s end, as prompt lookup reads it."""
+    length, end = history.match(tail)
+    return history.after(end, limit) if length else []
+
+
 def test_history_proposes_what_followed_the_latest_match_and_stops_at_its_reply_end():
     history = ReplyHistory()
     history.remember([5, 6, 7, 8])
     history.remember([1, 5, 6, 9, 10])
-    assert history.follow(np.array([5, 6]), 4) == [9, 10]  # the latest reply's continuation, cut at its end
-    assert history.follow(np.array([7, 8]), 4) == []  # the end of a reply has nothing after it
-    assert history.follow(np.array([6]), 4) == []  # one shared token is no evidence
+    assert follow(history, np.array([5, 6]), 4) == [9, 10]  # the latest reply's continuation, cut at its end
+    assert follow(history, np.array([7, 8]), 4) == []  # the end of a reply has nothing after it
+    assert follow(history, np.array([6]), 4) == []  # one shared token is no evidence
     history.remember([7, 8])  # too short to teach anything
-    assert history.follow(np.array([7, 8]), 4) == []
+    assert follow(history, np.array([7, 8]), 4) == []
 
 
 def test_history_keeps_its_capacity_dropping_the_oldest_replies():
@@ -28,8 +34,8 @@ def test_history_keeps_its_capacity_dropping_the_oldest_replies():
     history.remember([1, 2, 3, 4, 5])
     for start in (20, 30):
         history.remember(list(range(start, start + 5)))
-    assert history.follow(np.array([1, 2]), 3) == []  # the oldest reply went
-    assert history.follow(np.array([30, 31]), 3) == [32, 33, 34]
+    assert follow(history, np.array([1, 2]), 3) == []  # the oldest reply went
+    assert follow(history, np.array([30, 31]), 3) == [32, 33, 34]
 
 
 def test_lookup_prefers_the_context_then_a_longer_match_in_earlier_replies():
@@ -76,7 +82,7 @@ def test_a_reply_is_matched_through_the_end_of_the_prompt_it_answered():
     assert lookup.propose([40, 41, 8, 9], shape, greedy).token_ids == [20, 21, 22]
     assert lookup.propose([40, 41, 5, 9], shape, greedy).token_ids == [30, 31, 32]
     assert lookup.propose([40, 41, 8, 9, 20, 21], shape, greedy).token_ids == [22, 23]  # cut at its reply's end
-    assert history.follow(np.array([2, 5, 9]), 2) == [30, 31]
+    assert follow(history, np.array([2, 5, 9]), 2) == [30, 31]
 
 
 def test_a_sampled_request_never_drafts_from_earlier_replies():
