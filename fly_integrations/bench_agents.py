@@ -16,7 +16,7 @@ from pydantic import PrivateAttr
 from fly_integrations.bench_tools import ToolTurns
 from fly_integrations.langchain import FlyChatModel
 from fly_runtime import GenerationConfig
-from fly_runtime.backends.llama_cpp_backend import on_llama_thread
+from fly_runtime.backends.openmp_thread import on_openmp_thread
 from fly_runtime.bench.runner import LLAMA_CPP, ModeSpec
 from fly_runtime.bench.suites import Task
 from fly_runtime.engine import GenerationResult, GenerationStats, GenerationStream
@@ -207,9 +207,9 @@ class _LlamaCppEngine:
             return new, "length"
 
         start = time.perf_counter()
-        # the whole reply on fly's llama.cpp thread (on_llama_thread: one thread drives llama.cpp in a process),
+        # the whole reply on the process's OpenMP thread (on_openmp_thread: one thread drives llama.cpp in a process),
         # its pieces passed on after: the suite times whole conversations, not first tokens
-        new, finish = on_llama_thread(decode)
+        new, finish = on_openmp_thread(decode)
         yield from pieces
         if tail := text.finish():
             yield tail

@@ -162,17 +162,22 @@ def load_engine(settings: ModelSettings, tokenizer=None) -> FlyEngine:
     tokenizer = tokenizer or load_tokenizer(target_model)
     vocab_size = len(tokenizer)
     precision = target_precision(settings, target_model, tokenizer) if kind == "onnx" else "fp32"
-    reader = _prompt_reader(target_model) if kind == "onnx" else None
+    readers = _prompt_readers(target_model) if kind == "onnx" else {}
+    reader = readers.get(GGUF)
     chosen = precision
-    if reader is not None and reader.promising() and precision != GGUF and \
-            GGUF in _held_names(settings, kind, target_model, precision)[1]:
-        # llama.cpp with the reader reads faster than the form tuning chose for a typical turn, and steps faster:
-        # it serves first, the other form held beside it (opened once it pays)
-        precision = GGUF
+    if reader is not None and reader.promising():
+        # a typical turn's read costs the reader's price on every form it reads for: the form that serves that turn
+        # soonest at that price serves first, the other held beside it (opened once it pays)
+        from fly_runtime.tuning import turn_seconds
+
+        ms, held = _held_names(settings, kind, target_model, precision)
+        if ms:
+            turns = {p: turn_seconds(ms[p], reader.reader_ms if p in readers else None) for p in (precision, *held)}
+            precision = min(turns, key=turns.__getitem__)
     target_backend = open_backend(target_model, kind, precision, device=settings.device,
                                   sequences=settings.max_batch or max(BATCH_CANDIDATES))
-    if precision == GGUF:
-        target_backend.reader = reader  # type: ignore[attr-defined]
+    if precision in readers:
+        target_backend.reader = readers[precision]  # type: ignore[attr-defined]
     draft_name = settings.draft
     if draft_name == AUTO_DRAFT:
         draft_name = auto_drafter(settings.target, tokenizer)
@@ -194,7 +199,7 @@ def load_engine(settings: ModelSettings, tokenizer=None) -> FlyEngine:
     max_batch = settings.max_batch
     if max_batch is None and getattr(target_backend, "sequences", 1) > 1:
         max_batch = choose_batch(target_backend, target_model)
-    alternates, router = _held_forms(settings, kind, target_model, precision, target_backend.max_context, reader,
+    alternates, router = _held_forms(settings, kind, target_model, precision, target_backend.max_context, readers,
                                      chosen)
     engine = FlyEngine(
         CachedSequence(target_backend),
@@ -240,7 +245,7 @@ def _held_names(settings: ModelSettings, kind: str, model: ResolvedModel, precis
     from fly_runtime.tuning import recorded_forms
 
     ms, held = recorded_forms(model)
-    if chosen is not None and chosen != precision:  # the prompt reader put llama.cpp first: tuning's choice is held
+    if chosen is not None and chosen != precision:  # the prompt reader put another form first: tuning's choice is held
         held = [chosen, *held]
     gguf_runs = available() and model.gguf is not None
     held = [p for p in held if p != precision and (gguf_runs if p == GGUF else model.has_graph(p))]
@@ -248,7 +253,7 @@ def _held_names(settings: ModelSettings, kind: str, model: ResolvedModel, precis
 
 
 def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precision: str, max_context: int,
-                reader=None, chosen: str | None = None):
+                readers: dict | None = None, chosen: str | None = None):
     """The other forms of the target ``precision="auto"`` holds on this machine (tuning's record), each opened on
     its first request, and the router that sends each request to the form predicted to finish it soonest; none
     where the precision is set, or no other form steps or reads faster here."""
@@ -267,34 +272,39 @@ def _held_forms(settings: ModelSettings, kind: str, model: ResolvedModel, precis
 
         def opener(p: str = p, context: int = context, batch: int = batch) -> CachedSequence:
             backend = open_target(model, p, sequences=batch, context=context if p == GGUF else 0)
-            if p == GGUF:
-                backend.reader = reader  # type: ignore[attr-defined]
+            if p in (readers or {}):
+                backend.reader = readers[p]  # type: ignore[attr-defined]
             return CachedSequence(backend)
 
         alternates.append(TargetForm(p, context, opener=opener, max_batch=batch))
     router = Router.timed(ms, [precision, *held], recorded_prices(model))
-    if reader is not None and GGUF in (precision, *held):
-        router.reader_form, router.reader = GGUF, reader
+    router.readers = {p: slot for p, slot in (readers or {}).items() if p in (precision, *held)}
     _routers[router] = model
     return alternates, router
 
 
-def _prompt_reader(model: ResolvedModel):
-    """A prompt reader's slot for the model's llama.cpp form (fly_runtime/backends/bf16_reader.py): long prompt
-    reads in bfloat16 where this CPU makes them at least ``ReaderSlot.GAIN`` times faster than llama.cpp's own, opened
-    once that has paid for its opening; None where the model came as no GGUF, the reader does not compute it, or
-    ``FLY_PROMPT_READER=0`` leaves every read to llama.cpp."""
+# the forms a prompt reader reads for: llama.cpp's cache and the quantised graphs written from the same GGUF (judged,
+# like the reader, by their agreement with the model's weights); never the float32 graph, asked for by its precision
+READ_FORMS = (GGUF, "int4", "int8")
+
+
+def _prompt_readers(model: ResolvedModel) -> dict:
+    """The prompt reader's slots for the model's forms (fly_runtime/backends/bf16_reader.py), one reader shared: long
+    prompt reads in bfloat16 where this CPU makes them at least ``ReaderSlot.GAIN`` times faster than the form's own,
+    opened once that has paid for its opening; none where the model came as no GGUF, the reader does not compute it,
+    or ``FLY_PROMPT_READER=0`` leaves every read to the forms."""
     if model.gguf is None or os.environ.get("FLY_PROMPT_READER", "1") == "0":
-        return None
+        return {}
     from fly_runtime.backends.bf16_reader import ReaderSlot
     from fly_runtime.sources.cache import cache_dir
     from fly_runtime.tuning import bf16_product_ms, read_ms, recorded_forms
 
     slot = ReaderSlot.for_model(model.gguf, bf16_product_ms(), cache_dir() / "reader")
-    ms, _ = recorded_forms(model)
-    if slot is not None and GGUF in ms:
-        slot.own_ms = read_ms(ms[GGUF])  # llama.cpp's reads as tuning timed them, until its own are seen
-    return slot
+    if slot is None:
+        return {}
+    ms, _ = recorded_forms(model)  # each form's reads as tuning timed them, until its own are seen
+    slot.own_ms = read_ms(ms[GGUF]) if GGUF in ms else None
+    return {GGUF: slot, **{p: slot.for_form(read_ms(ms[p]) if p in ms else None) for p in READ_FORMS[1:]}}
 
 
 def form_for_one_request(settings: ModelSettings, prompt_tokens: int, config) -> str | None:

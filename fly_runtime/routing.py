@@ -89,10 +89,10 @@ class Router:
     _reply: dict[str, float] = field(default_factory=dict)  # kind -> tokens
     _missed: dict[str, float] = field(default_factory=dict)  # form not open -> seconds it would have saved so far
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    # a prompt reader for one form (bf16_reader.ReaderSlot, llama.cpp's): reads there cost the reader's price while
-    # it is open or expected to pay (it opens within long reads there; the reads served elsewhere count toward it)
-    reader_form: str | None = None
-    reader: ReaderSlot | None = None
+    # the prompt reader's slot on each form it reads for (bf16_reader.ReaderSlot: llama.cpp's, a graph's; one reader
+    # shared): reads there cost the reader's price while it is open or expected to pay (it opens within long reads
+    # there; the reads served on a form it does not read for count toward it)
+    readers: dict[str, ReaderSlot] = field(default_factory=dict)
 
     @classmethod
     def timed(cls, ms: dict[str, dict], forms: list[str], learned: dict | None = None) -> "Router":
@@ -121,8 +121,9 @@ class Router:
         return unread * self._read_price(form) + reply * written
 
     def _read_price(self, form: str) -> float:
-        if form == self.reader_form and self.reader is not None and self.reader.expected():
-            return self.reader.reader_ms / 1000
+        slot = self.readers.get(form)
+        if slot is not None and slot.expected():
+            return slot.reader_ms / 1000
         return self._read.get(form, self.prices[form].read)
 
     def choose(self, kind: str, unread: dict[str, int], max_new_tokens: int, open_forms: set[str]) -> str:
@@ -149,10 +150,10 @@ class Router:
         tokens, seconds = read
         with self._lock:
             if tokens >= MIN_READ:
-                on_reader = self.reader is not None and form == self.reader_form
-                if self.reader is not None and not on_reader:
-                    self.reader.offer(tokens, seconds)
-                if not (on_reader and self.reader.ready()):  # the reader's reads price the reader, not the form
+                slot = self.readers.get(form)
+                if slot is None and self.readers:
+                    next(iter(self.readers.values())).offer(tokens, seconds)
+                if not (slot is not None and slot.ready()):  # the reader's reads price the reader, not the form
                     _learn(self._read, form, seconds / tokens)
             if new_tokens > 1:  # a one-token reply is all prompt read and overhead
                 _learn(self._written, (form, kind), write_seconds / new_tokens)

@@ -254,12 +254,13 @@ def read_ms(ms: dict) -> float:
     return ms[str(READ_TOKENS)] / READ_TOKENS if str(READ_TOKENS) in ms else ms["9"] / 9
 
 
-def turn_seconds(ms: dict) -> float:
-    """Seconds of a typical turn on a form with these pass times: reading TURN_READ prompt tokens, then writing
-    TURN_WRITE at the speed-up free drafts reach there (none where a verified row costs about a step). A record
-    without a timed prompt read prices it as nine-token passes."""
+def turn_seconds(ms: dict, reader_ms: float | None = None) -> float:
+    """Seconds of a typical turn on a form with these pass times: reading TURN_READ prompt tokens (at ``reader_ms``
+    a token where a prompt reader reads for the form), then writing TURN_WRITE at the speed-up free drafts reach there
+    (none where a verified row costs about a step). A record without a timed prompt read prices it as nine-token
+    passes."""
     prices = pass_prices(ms)
-    read = read_ms(ms)
+    read = read_ms(ms) if reader_ms is None else reader_ms
     speedup = max(1.0, prices.best_speedup(TURN_SURVIVAL, by_model=False))
     return (TURN_READ * read / 1000) + TURN_WRITE * prices.step / speedup
 

@@ -299,10 +299,24 @@ def predicted_ms_per_token(params: int, product: float) -> float:
     return product / rows * params / (k * n) + OTHER_MS * params / OTHER_PARAMS
 
 
+class _Shared:
+    """What the forms a reader serves share: the reader once open, its price, what opening it costs, what it would
+    have saved so far unopened, and the slots (one per form)."""
+
+    def __init__(self, reader_ms: float, open_seconds: float) -> None:
+        self.reader: PromptReader | None = None
+        self.reader_ms = reader_ms  # predicted, then learned from the reader's own reads
+        self.open_seconds = open_seconds
+        self.missed = 0.0
+        self.slots: list[ReaderSlot] = []
+
+
 class ReaderSlot:
-    """Where a prompt reader may pay: opened once the reads it would have sped up add up to what opening it costs
-    (the ski-rental rule, as for a second form of the target), then used for every read of ``MIN_TOKENS`` or more
-    while it stays faster than the backend's own reads. The backend tells it what its own reads cost."""
+    """Where a prompt reader may pay for one form of the target (llama.cpp's cache, an ONNX Runtime graph's): opened
+    once the reads it would have sped up add up to what opening it costs (the ski-rental rule, as for a second form of
+    the target), then used for every read of ``MIN_TOKENS`` or more while it stays faster than the form's own reads.
+    The backend tells it what its own reads cost. The slots of one model's forms (``for_form``) share one reader: one
+    copy of its weights, opened by the reads of any of them."""
 
     MIN_TOKENS = 32
     LEARN_RATE = 0.3
@@ -313,13 +327,13 @@ class ReaderSlot:
     # reads it makes 1.6-1.7x faster (llama.cpp's own 13 ms a token once learned, tuning's 17)
     GAIN = 1.5
 
-    def __init__(self, gguf_path: Path, reader_ms: float, open_seconds: float, cache: Path | None = None) -> None:
+    def __init__(self, gguf_path: Path, reader_ms: float, open_seconds: float, cache: Path | None = None,
+                 shared: _Shared | None = None) -> None:
         self.gguf_path, self.cache = gguf_path, cache
-        self.reader_ms = reader_ms  # predicted, then learned from the reader's own reads
-        self.open_seconds = open_seconds
-        self.own_ms: float | None = None  # the backend's own reads, a token
-        self.missed = 0.0  # seconds the reader would have saved so far, unopened
-        self.reader: PromptReader | None = None
+        self._shared = shared or _Shared(reader_ms, open_seconds)
+        self._shared.slots.append(self)
+        self.own_ms: float | None = None  # the form's own reads, a token
+        self.dropped = False  # not worth its memory for this form: never used here again
 
     @classmethod
     def for_model(cls, gguf_path: Path, product: float, cache: Path | None = None) -> "ReaderSlot | None":
@@ -333,25 +347,55 @@ class ReaderSlot:
         opening = params * (cls.SECONDS_PER_PARAM_KEPT if kept else cls.SECONDS_PER_PARAM)
         return cls(gguf_path, predicted_ms_per_token(params, product), opening, cache)
 
+    def for_form(self, own_ms: float | None = None) -> "ReaderSlot":
+        """A slot for another form of the same model, whose own reads cost ``own_ms`` a token: the same reader."""
+        slot = ReaderSlot(self.gguf_path, 0.0, 0.0, self.cache, self._shared)
+        slot.own_ms = own_ms
+        return slot
+
+    @property
+    def reader(self) -> PromptReader | None:
+        return self._shared.reader if not self.dropped else None
+
+    @reader.setter
+    def reader(self, reader: PromptReader | None) -> None:
+        self._shared.reader = reader
+
+    @property
+    def reader_ms(self) -> float:
+        return self._shared.reader_ms
+
+    @reader_ms.setter
+    def reader_ms(self, ms: float) -> None:
+        self._shared.reader_ms = ms
+
+    @property
+    def open_seconds(self) -> float:
+        return self._shared.open_seconds if not self.dropped else float("inf")
+
+    @property
+    def missed(self) -> float:
+        return self._shared.missed
+
     def learn(self, tokens: int, seconds: float, by_reader: bool) -> None:
-        """A read of ``tokens`` took ``seconds``, by the reader or by the backend itself."""
+        """A read of ``tokens`` took ``seconds``, by the reader or by the form itself."""
         if tokens < self.MIN_TOKENS:
             return
         ms = 1000 * seconds / tokens
         if by_reader:
-            self.reader_ms = (1 - self.LEARN_RATE) * self.reader_ms + self.LEARN_RATE * ms
+            self._shared.reader_ms = (1 - self.LEARN_RATE) * self._shared.reader_ms + self.LEARN_RATE * ms
         else:
             self.own_ms = ms if self.own_ms is None else (1 - self.LEARN_RATE) * self.own_ms + self.LEARN_RATE * ms
 
     def offer(self, tokens: int, seconds: float) -> None:
-        """A read of ``tokens`` took ``seconds`` elsewhere (another form of the target): what the reader would have
-        saved counts toward opening it."""
-        if self.reader is None and tokens >= self.MIN_TOKENS:
-            self.missed += max(0.0, seconds - tokens * self.reader_ms / 1000)
+        """A read of ``tokens`` took ``seconds`` on a form the reader does not serve: what it would have saved
+        counts toward opening it."""
+        if self._shared.reader is None and tokens >= self.MIN_TOKENS:
+            self._shared.missed += max(0.0, seconds - tokens * self.reader_ms / 1000)
 
     def ready(self) -> bool:
         """Whether reads here go to the reader: it is open, or has paid for its opening and is worth its memory."""
-        return self.reader is not None or (self.missed >= self.open_seconds and self._worth())
+        return self.reader is not None or (not self.dropped and self.missed >= self.open_seconds and self._worth())
 
     def expected(self) -> bool:
         """Whether long reads here are the reader's or about to be: it is open, or predicted to pay and not dropped.
@@ -360,25 +404,28 @@ class ReaderSlot:
         return self.reader is not None or (self.open_seconds != float("inf") and self.promising())
 
     def promising(self) -> bool:
-        """Predicted (before it opens) to read ``GAIN`` times as fast as the backend."""
+        """Predicted (before it opens) to read ``GAIN`` times as fast as the form."""
         return self.own_ms is not None and self.reader_ms * self.GAIN <= self.own_ms
 
     def _worth(self) -> bool:
-        """Before it opens, ``promising``; once open, faster than the backend at all."""
-        if self.reader is None:
+        """Before it opens, ``promising``; once open, faster than the form at all."""
+        if self._shared.reader is None:
             return self.promising()
         return self.own_ms is not None and self.reader_ms < self.own_ms
 
     def for_read(self, tokens: int) -> PromptReader | None:
         """The reader, for a read of ``tokens``, where it pays (opened now if the rule says so); else None."""
-        if tokens < self.MIN_TOKENS or self.own_ms is None:
+        if tokens < self.MIN_TOKENS or self.own_ms is None or self.dropped:
             return None
-        if not self._worth():  # not worth its memory here (or slower after all): back, and never again
-            self.reader, self.open_seconds = None, float("inf")
+        shared = self._shared
+        if not self._worth():  # not worth its memory here (or slower after all): never again for this form
+            self.dropped = True
+            if all(slot.dropped for slot in shared.slots):  # nor for any other: its memory back
+                shared.reader, shared.open_seconds = None, float("inf")
             return None
-        if self.reader is None:
-            self.missed += tokens * (self.own_ms - self.reader_ms) / 1000
-            if self.missed < self.open_seconds:
+        if shared.reader is None:
+            shared.missed += tokens * (self.own_ms - self.reader_ms) / 1000
+            if shared.missed < shared.open_seconds:
                 return None
-            self.reader = PromptReader(self.gguf_path, self.cache)
-        return self.reader
+            shared.reader = PromptReader(self.gguf_path, self.cache)
+        return shared.reader

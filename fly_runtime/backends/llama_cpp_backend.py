@@ -15,22 +15,15 @@ The cache holds several sequences (``sequences``) in one pool of cells, as llama
 and ``share`` lets a sequence start from another's cached prefix without reading it again (the cells are
 shared, not copied).
 
-Every pass runs on one thread of the process (``on_llama_thread``), whoever asks for it, as llama-server decodes on
-its one main loop: llama.cpp's CPU kernels run under OpenMP, which keeps a team of worker threads for each thread
-that starts parallel work, and the idle teams of other callers spin on the same cores (docs/design.md, "Batched
-decoding", has the cost). torch shares that OpenMP runtime (its libgomp is the one loaded), so the prompt reader's
-torch products run on that thread too: once the process holds more team threads than cores, libgomp cuts the
-spin-waits llama.cpp's per-step barriers rely on, and every llama.cpp step after is slower for good (72 -> 91 ms on
-a 2-core AMX Xeon).
+Every pass runs on the process's one OpenMP thread (openmp_thread.py), whoever asks for it, as llama-server
+decodes on its one main loop.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import numpy as np
@@ -38,30 +31,8 @@ import torch
 
 from fly_runtime.backends.bf16_reader import CHUNK as READER_CHUNK
 from fly_runtime.backends.llama_cpp_state import SeqCells, UnknownLayout, pack, parse
+from fly_runtime.backends.openmp_thread import on_openmp_thread
 from fly_runtime.errors import FlyError, InvalidSettingsError
-
-
-_LLAMA_THREAD = threading.local()
-
-
-def _mark_llama_thread() -> None:
-    _LLAMA_THREAD.on = True
-
-
-_LLAMA_EXECUTOR = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fly-llama-cpp", initializer=_mark_llama_thread)
-
-
-def on_llama_thread(work, *args):
-    """``work(*args)`` run on the process's one llama.cpp thread (see above), its result returned; called there, run
-    at once. A Ctrl-C while waiting lets the work end first, so no one crops a cache in the middle of a pass."""
-    if getattr(_LLAMA_THREAD, "on", False):
-        return work(*args)
-    running = _LLAMA_EXECUTOR.submit(work, *args)
-    try:
-        return running.result()
-    except BaseException:
-        wait([running])
-        raise
 
 
 def available() -> bool:
@@ -92,8 +63,8 @@ class LlamaCppBackend:
         threads = threads or os.cpu_count()
         model_params = llama_cpp.llama_model_default_params()
         model_params.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE  # read, not mapped (above)
-        # loaded on the llama.cpp thread: llama.cpp repacks the weights under OpenMP
-        self._model = on_llama_thread(lambda: _internals.LlamaModel(path_model=str(gguf), params=model_params,
+        # loaded on the OpenMP thread: llama.cpp repacks the weights under OpenMP
+        self._model = on_openmp_thread(lambda: _internals.LlamaModel(path_model=str(gguf), params=model_params,
                                                                     verbose=False))
         self.max_context = context or self._model.n_ctx_train()
         self._params = params = llama_cpp.llama_context_default_params()
@@ -147,7 +118,7 @@ class LlamaCppBackend:
         except UnknownLayout:  # another llama.cpp's layout: read the usual way from now on
             self.reader = None
             return seq, ids, keep
-        keys, values = on_llama_thread(reader.read, ids[:unread], cells.keys, cells.values)
+        keys, values = on_openmp_thread(reader.read, ids[:unread], cells.keys, cells.values)
         self._put_cells(seq, cells, pack(cells, seq, keys, values), cells.count + unread)
         self.reader.learn(unread, time.perf_counter() - began, by_reader=True)
         return seq, ids[unread:], keep
@@ -236,7 +207,7 @@ class LlamaCppBackend:
         from llama_cpp import _internals
 
         self._params.n_ctx = cells
-        return on_llama_thread(lambda: _internals.LlamaContext(model=self._model, params=self._params, verbose=False))
+        return on_openmp_thread(lambda: _internals.LlamaContext(model=self._model, params=self._params, verbose=False))
 
     def _grow(self, cells: int) -> None:
         """Reallocate the cache with ``cells`` cells, each sequence's cached positions copied over (the old pool is
@@ -249,7 +220,7 @@ class LlamaCppBackend:
                 raise FlyError(f"llama.cpp could not restore sequence {seq} into a cache of {cells} cells")
 
     def _decode(self) -> int:
-        return on_llama_thread(self._llama_decode, self._ctx.ctx, self._batch.batch)
+        return on_openmp_thread(self._llama_decode, self._ctx.ctx, self._batch.batch)
 
     def _undo(self, done: list) -> None:
         """A pass failed part way: drop what its earlier chunks wrote, so no sequence holds half a part."""
@@ -266,8 +237,8 @@ class LlamaCppBackend:
         """Free llama.cpp's model, cache and buffers now: its objects hold each other in reference cycles, so
         dropping the backend frees gigabytes only at the garbage collector's next cycle (tuning opens the target
         to time it just before the engine opens it for good)."""
-        # on the llama.cpp thread, after any pass still running there
-        on_llama_thread(lambda: [part.close() for part in (self._batch, self._ctx, self._model)])
+        # on the OpenMP thread, after any pass still running there
+        on_openmp_thread(lambda: [part.close() for part in (self._batch, self._ctx, self._model)])
 
     def share(self, source: int, target: int, length: int) -> None:
         """Make ``target`` hold the first ``length`` positions of ``source`` (shared cells, nothing computed)."""

@@ -8,12 +8,15 @@ skinny GEMMs for a few rows are slow (docs/design.md). Speculative decoding live
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fly_runtime.backends.bf16_reader import CHUNK as READER_CHUNK
+from fly_runtime.backends.openmp_thread import on_openmp_thread
 from fly_runtime.sources.convert import LOGITS_TO_KEEP, onnx_model_file
 from fly_runtime.sources.gguf_graph import LAYOUT_METADATA
 
@@ -61,8 +64,53 @@ class OrtBackend:
         # it reads where past and present are bound to one: no copy of the whole cache per pass, no copy to crop
         self._shares_buffers = _attention_shares_buffers(onnx_dir, self.session)
         self._values: list = []  # the bound OrtValues over self._cache's preallocated arrays
+        # each layer's key and value buffers (their places in self._cache), for the keys and values a prompt
+        # reader hands over
+        self._layers = [(self._cache_names.index(f"past_key_values.{i}.key"),
+                         self._cache_names.index(f"past_key_values.{i}.value"))
+                        for i in range(len(self._cache_names) // 2)
+                        if f"past_key_values.{i}.key" in self._cache_names]
+        # a bf16_reader.ReaderSlot where the prompt reader may pay here (the loader attaches it to graphs it wrote
+        # from the GGUF the reader computes)
+        self.reader = None
+
+    @property
+    def read_chunk(self) -> int | None:
+        """Where the prompt reader reads (or is about to), the prompt tokens a pass should hold."""
+        return READER_CHUNK if self.reader is not None and self.reader.ready() else None
 
     def forward(self, input_ids: Sequence[int], keep: int | None = None) -> torch.Tensor:
+        if self.reader is None:
+            return self._forward(input_ids, keep)
+        input_ids = self._read_ahead(input_ids, keep)
+        began = time.perf_counter()
+        logits = self._forward(input_ids, keep)
+        self.reader.learn(len(input_ids), time.perf_counter() - began, by_reader=False)  # the graph's own reads
+        return logits
+
+    def _read_ahead(self, ids: Sequence[int], keep: int | None) -> Sequence[int]:
+        """Read the ids whose logits are not wanted with the prompt reader, where it pays, into the cache (keys after
+        rotary, as GroupQueryAttention keeps them); the ids left for the graph's own pass."""
+        unread = len(ids) - min(keep or len(ids), len(ids))
+        reader = self.reader.for_read(unread) if self._shares_buffers else None
+        if reader is None or self._length + unread > self.max_context:
+            return ids
+        began = time.perf_counter()
+        start = self._length
+        rows = lambda c: c[0, :, :start].transpose(1, 0, 2).reshape(start, -1)  # noqa: E731 [positions, heads * dim]
+        past = ([rows(self._cache[k]) for k, _ in self._layers], [rows(self._cache[v]) for _, v in self._layers]) \
+            if start else ((), ())
+        keys, values = on_openmp_thread(reader.read, ids[:unread], *past)
+        self._reserve(start + unread)
+        heads, dim = self._empty.shape[1], self._empty.shape[3]
+        for (k, v), new_keys, new_values in zip(self._layers, keys, values):
+            self._cache[k][0, :, start:start + unread] = new_keys.reshape(unread, heads, dim).transpose(1, 0, 2)
+            self._cache[v][0, :, start:start + unread] = new_values.reshape(unread, heads, dim).transpose(1, 0, 2)
+        self._length = start + unread
+        self.reader.learn(unread, time.perf_counter() - began, by_reader=True)
+        return ids[unread:]
+
+    def _forward(self, input_ids: Sequence[int], keep: int | None) -> torch.Tensor:
         n = len(input_ids)
         keep = min(keep or n, n)
         total = self._length + n

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from fly_runtime.backends.llama_cpp_backend import on_llama_thread
+from fly_runtime.backends.openmp_thread import on_openmp_thread
 from fly_runtime.bench.suites import SCORERS, Task
 from fly_runtime.chat import encode_chat
 from fly_runtime.config import GenerationConfig
@@ -102,9 +102,9 @@ class LlamaCpp:
             raise FlyError("the llama-cpp mode needs llama-cpp-python: pip install 'fly-integrations[llama-cpp]' "
                            "(it builds llama.cpp, about 10 minutes once)") from exc
         threads = os.cpu_count()
-        # on the thread fly's llama.cpp passes run on (llama_cpp_backend.on_llama_thread): a second thread driving
+        # on the thread fly's llama.cpp passes run on (openmp_thread.on_openmp_thread): a second thread driving
         # llama.cpp in one process slows both (OpenMP's spin-waits cut), as no user running llama.cpp alone sees
-        self.llm = on_llama_thread(lambda: Llama(model_path=str(gguf), n_ctx=context, n_threads=threads,
+        self.llm = on_openmp_thread(lambda: Llama(model_path=str(gguf), n_ctx=context, n_threads=threads,
                                                  n_threads_batch=threads, verbose=False))
 
     def generate(self, prompt_ids: list[int], max_new_tokens: int, eos: set[int], tokenizer,
@@ -130,7 +130,7 @@ class LlamaCpp:
                     break
 
         start = time.perf_counter()
-        on_llama_thread(decode)
+        on_openmp_thread(decode)
         return _peer_row(new, time.perf_counter() - start, tokenizer, plain=True)
 
 

@@ -1,6 +1,7 @@
-"""The prompt reader on the real target: keys and values it hands llama.cpp make llama.cpp choose the model's next
-tokens as often as its own reading does (judged against the model's full-precision choices, as every quantised
-form is), from an empty cache and after a cached prefix; and an engine request over a long prompt is read by it."""
+"""The prompt reader on the real target: keys and values it hands llama.cpp (and the int4 graph) make it choose the
+model's next tokens as often as its own reading does (judged against the model's full-precision choices, as every
+quantised form is), from an empty cache and after a cached prefix; and an engine request over a long prompt is read
+by it."""
 
 from __future__ import annotations
 
@@ -27,13 +28,13 @@ def reader_opens_here(target):
     at least ``ReaderSlot.GAIN`` times as fast as llama.cpp's (AMX, AVX512-BF16). Elsewhere bfloat16 is emulated, a read
     takes ten times llama.cpp's, the reader never opens, and its arithmetic is tested on a small GGUF
     (tests/unit/test_prompt_reader.py)."""
-    from fly_runtime.loader import _prompt_reader
+    from fly_runtime.loader import _prompt_readers
     from fly_runtime.tuning import choose_precision
 
     choose_precision(target)  # tuning's record, with llama.cpp's timed read, which the slot is priced against
     with pytest.MonkeyPatch.context() as env:
         env.setenv("FLY_PROMPT_READER", "1")  # the suite's conftest turns it off elsewhere
-        slot = _prompt_reader(target)  # the slot an engine here would hold, priced as it prices it
+        slot = _prompt_readers(target).get("gguf")  # the slot an engine here would hold, priced as it prices it
     if slot is None:
         pytest.skip("no prompt reader for this target (a model the reader does not compute)")
     if not slot.promising():
@@ -116,6 +117,30 @@ def test_reader_keys_and_values_serve_llama_cpp_as_its_own_do(backend, reference
     finally:
         backend.reader = slot.reader = None  # its weights given back before the next test opens another
         backend.crop(0)
+        gc.collect()
+
+
+def test_reader_keys_and_values_serve_the_int4_graph_as_its_own_do(reference, target):
+    """The int4 graph written from the same GGUF takes the reader's keys and values into its cache: it then picks
+    the full-precision model's next tokens as often as after its own read."""
+    from fly_runtime.backends.registry import open_target
+
+    ids = reference["ids"].tolist()
+    graph = open_target(target, "int4")
+    slot = ReaderSlot(target.gguf, reader_ms=1.0, open_seconds=0.0)
+    slot.own_ms = 100.0  # the graph's reads priced far above the reader's: it opens on the first read
+    try:
+        graph.forward(ids[:600], keep=1)
+        own = agreement(graph, reference, 600)
+        graph.crop(0)
+        graph.reader = slot
+        graph.forward(ids[:600], keep=1)
+        assert slot.reader is not None and graph._length == 600
+        read = agreement(graph, reference, 600)  # every logit wanted: the graph's own pass
+        assert read >= 0.97 and read >= own - 0.02, (read, own)
+    finally:
+        graph.reader = slot.reader = None  # the weights of both given back before the next test
+        del graph
         gc.collect()
 
 

@@ -248,13 +248,13 @@ def test_llama_cpp_work_runs_on_the_process_s_one_thread_whoever_asks():
     threads than cores slow every llama.cpp step after. So all of it (any backend's passes, the prompt reader's
     products, the bench's peer) runs on one thread, and work already there runs in place instead of waiting on
     itself."""
-    from fly_runtime.backends.llama_cpp_backend import on_llama_thread
+    from fly_runtime.backends.openmp_thread import on_openmp_thread
 
     def work() -> tuple[int, int]:
-        return threading.get_ident(), on_llama_thread(threading.get_ident)  # nested: no deadlock
+        return threading.get_ident(), on_openmp_thread(threading.get_ident)  # nested: no deadlock
 
     with ThreadPoolExecutor(max_workers=4) as callers:
-        ran = list(callers.map(lambda _: on_llama_thread(work), range(8)))
+        ran = list(callers.map(lambda _: on_openmp_thread(work), range(8)))
     assert len(set(ran)) == 1
     outer, inner = ran[0]
     assert outer == inner != threading.get_ident()

@@ -198,3 +198,46 @@ def test_a_family_not_written_here_is_refused_before_anything_is_written(tmp_pat
     assert not (tmp_path / "g").exists()
     with pytest.raises(Unsupported, match="gemma2"):
         build_from_gguf(tmp_path / "m.gguf", tmp_path, 4, tmp_path / "config.json")
+
+
+def test_a_graph_written_from_a_gguf_takes_the_prompt_readers_keys_and_values(tmp_path):
+    """The prompt reader reads a graph's prompts too (its keys after rotary and its values into the graph's cache,
+    where GroupQueryAttention reads them): the logits after a read by the reader are the graph's own after its own
+    read, within the two computations' rounding (bfloat16 against int8 activations), from an empty cache and after a
+    cached prefix the graph read itself; a pass whose every logit is wanted reads nothing ahead."""
+    from fly_runtime.backends.bf16_reader import ReaderSlot
+    from fly_runtime.backends.ort_backend import OrtBackend
+    from fly_runtime.sources.gguf_graph import build_from_gguf
+
+    gguf_file, hf_dir = tiny_decoder_gguf(tmp_path, "qwen2")
+    out = tmp_path / "int8"
+    out.mkdir()
+    build_from_gguf(gguf_file, out, 8, hf_dir / "config.json")
+    ids = [(7 * i + 3) % 512 for i in range(120)]
+
+    def run(graph: OrtBackend) -> list[torch.Tensor]:
+        first = graph.forward(ids[:60], keep=1)
+        after = graph.forward(ids[60:64])  # a verification pass on the read prompt
+        graph.crop(20)  # back into the prompt, then a read on top of the cached prefix
+        return [first, after, graph.forward(ids[20:100], keep=1), graph.forward(ids[100:103])]
+
+    itself = OrtBackend(out)
+    own = run(itself)
+    graph = OrtBackend(out)
+    slot = ReaderSlot(gguf_file, reader_ms=1.0, open_seconds=0.0)
+    slot.own_ms = 100.0  # the graph's own reads priced far above the reader's: it opens on the first read
+    graph.reader = slot
+    read = run(graph)
+    assert slot.reader is not None and graph._length == 103
+    # the cache holds what the graph's own passes would have put there (keys after rotary, values)
+    for k, v in graph._layers:
+        for i in (k, v):
+            mine, theirs = graph._cache[i][0, :, :99], itself._cache[i][0, :, :99]
+            assert np.abs(mine - theirs).mean() / np.abs(theirs).mean() < 0.02
+    for got, want in zip(read, own):  # 1-1.5% apart; with the reader's keys left out 3.5-4.5%
+        assert got.shape == want.shape
+        assert float((got - want).norm() / want.norm()) < 0.025
+        assert bool((got.argmax(-1) == want.argmax(-1)).all())
+    before = slot.reader_ms
+    graph.forward(ids[103:110])  # every logit wanted: nothing for the reader
+    assert graph._length == 110 and slot.reader_ms == before

@@ -225,7 +225,7 @@ def test_long_reads_go_to_llama_cpp_where_its_prompt_reader_is_expected_to_pay()
     r, both = router(), {"gguf", "int4"}
     slot = ReaderSlot(Path("unused.gguf"), reader_ms=3.0, open_seconds=20.0)
     slot.own_ms = GGUF_MS["64"] / 64  # llama.cpp's timed read: 27 ms a token
-    r.reader_form, r.reader = "gguf", slot
+    r.readers = {"gguf": slot}
     rag = {"gguf": 700, "int4": 700}
     assert not slot.ready() and r.choose("tools", rag, 60, {"gguf"}) == "gguf"  # the graph is not opened for it
     assert r.choose("tools", rag, 60, both) == "gguf"
@@ -239,3 +239,31 @@ def test_long_reads_go_to_llama_cpp_where_its_prompt_reader_is_expected_to_pay()
     slot.reader, slot.reader_ms = None, 30.0  # its reads turned out slower than llama.cpp's: dropped, never again
     assert slot.for_read(700) is None and not slot.expected()
     assert r.choose("tools", rag, 60, both) == "int4"  # the graph reads faster than llama.cpp alone
+
+
+def test_one_prompt_reader_reads_for_every_form_it_has_a_slot_on():
+    """The reader reads for the graph too (bf16_reader.ReaderSlot.for_form: one reader, one copy of its weights):
+    long reads there are priced at its price while it is expected to pay there, so a read-heavy request goes to the
+    form that verifies cheaply instead of the one that steps fastest; a form it is dropped on (its reads turned out
+    slower than the form's own) keeps its own price, while the other keeps the reader."""
+    from pathlib import Path
+
+    from fly_runtime.backends.bf16_reader import ReaderSlot
+
+    # the AMX Xeon's timed passes (twenty-first session): llama.cpp steps a little faster, the graph verifies cheaper
+    gguf_ms, int4_ms = {"1": 79.0, "9": 304.0, "64": 1158.0}, {"1": 84.0, "9": 202.0, "64": 952.0}
+    r, both = Router({"gguf": FormPrices.of(gguf_ms), "int4": FormPrices.of(int4_ms)}, 5.0), {"gguf", "int4"}
+    llama = ReaderSlot(Path("unused.gguf"), reader_ms=3.0, open_seconds=20.0)
+    llama.own_ms = gguf_ms["64"] / 64
+    graph = llama.for_form(int4_ms["64"] / 64)
+    r.readers = {"gguf": llama, "int4": graph}
+    rag = {"gguf": 700, "int4": 700}
+    assert r.predict("int4", "tools", 700, 60) < r.predict("gguf", "tools", 700, 60)
+    assert r.choose("tools", rag, 60, both) == "int4"
+    llama.reader = object()  # opened by a read on either form: open for both
+    assert graph.reader is llama.reader and graph.ready()
+    llama.reader_ms = 16.0  # now slower than the graph's own reads (14.9 ms a token), faster than llama.cpp's (18.1)
+    assert graph.for_read(700) is None and graph.dropped and not graph.expected()
+    assert llama.reader is not None and llama.for_read(700) is llama.reader  # still faster than llama.cpp's
+    assert r.predict("int4", "tools", 700, 60) == pytest.approx(
+        700 * int4_ms["64"] / 64 / 1000 + r.predict("int4", "tools", 0, 60))
