@@ -1,5 +1,6 @@
 """A prompt reader: the decoder's layers in bfloat16 on PyTorch, computing a long prompt's keys and values for
-llama.cpp's cache, so that llama.cpp writes the reply from them as if it had read the prompt itself.
+llama.cpp's cache (or a graph's written from the same GGUF: ort_backend.py), so that the form writes the reply from
+them as if it had read the prompt itself.
 
 Why: on a CPU a prompt read is llama.cpp's slowest part (a RAG answer or a tool turn reads hundreds of tokens and
 writes tens; llama.cpp reads a token for a quarter of a step), and on a CPU that computes bfloat16 PyTorch's
