@@ -243,6 +243,8 @@ def test_reader_opens_once_it_has_paid_and_only_where_it_is_worth_its_memory(tin
     assert slot.for_read(100) is None and slot.missed == pytest.approx(0.8)  # would have saved 0.8 s of 1.0
     reader = slot.for_read(100)
     assert isinstance(reader, PromptReader) and slot.for_read(100) is reader
+    slot.learn(100, 5.0, by_reader=True)  # its first read paged its weights in (50 ms a token): priced at nothing
+    assert slot.reader_ms == 2.0 and slot.for_read(100) is reader
     slot.learn(100, 0.8, by_reader=True)  # slower than priced (8 ms a token), still faster than llama.cpp's 10
     assert slot.for_read(100) is reader
     for _ in range(3):  # then slower than llama.cpp: 16 ms a token
