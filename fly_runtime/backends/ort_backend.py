@@ -95,7 +95,7 @@ class OrtBackend:
         rotary, as GroupQueryAttention keeps them); the ids left for the graph's own pass."""
         unread = len(ids) - min(keep or len(ids), len(ids))
         reader = self.reader.for_read(unread) if self._shares_buffers else None
-        if reader is None or self._length + unread > self.max_context:
+        if reader is None or self._length + unread > self.max_context or len(self._layers) != reader.layout.layers:
             return ids
         began = time.perf_counter()
         start = self._length
