@@ -319,6 +319,9 @@ class FlyEngine:
             return self.forms[0]
         need = len(prompt) + config.max_new_tokens + Slots.DRAFT_ROOM  # what Slots.take reserves
         fits = [f for f in self.forms if f.max_context >= need] or self.forms[:1]
+        if any(f.slots is not None and f.slots.holding() for f in self.forms):
+            # this thread holds a stream open: a form whose sequences are all taken would have it wait on itself
+            fits = [f for f in fits if f.slots is not None and f.slots.free_now()] or fits
         unread = {f.name: len(prompt) - (f.slots.cached(prompt) if f.slots is not None else 0) for f in fits}
         opened = {f.name for f in fits if f.slots is not None}
         name = self.router.choose(request_kind(config), unread, config.max_new_tokens, opened)

@@ -155,6 +155,30 @@ def test_the_engine_serves_each_request_on_the_routed_form_opening_it_once(token
     assert engine.max_context == 4096
 
 
+def test_a_thread_holding_a_stream_is_served_on_a_form_with_a_free_sequence(tokenizer):
+    """A request from the thread that holds a stream open on one form goes to a form with a sequence free now,
+    whatever the router would prefer: on the held form it would wait for its own stream (a hang, seen in the suite
+    once both forms of the kept default engine were open)."""
+    import threading
+
+    engine, graph, opened = two_forms(tokenizer)
+    engine.generate([5, 6, 7], GenerationConfig(mode="ar", max_new_tokens=300))  # opens gguf
+    long_read = GenerationConfig(mode="exact", k=4, max_new_tokens=8)
+    outcome: list = []
+
+    def same_thread() -> None:
+        stream = engine.stream(list(range(10, 1010)), long_read)  # a long read: the graph's
+        next(iter(stream))
+        outcome.append(engine.generate(list(range(20, 1020)), long_read).form)  # the graph's too, were it free
+        stream.close()
+
+    worker = threading.Thread(target=same_thread, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive(), "the request waited for its own thread's stream"
+    assert outcome == ["gguf"]
+
+
 def test_a_request_too_long_for_a_form_goes_to_one_that_holds_it(tokenizer):
     engine, graph, opened = two_forms(tokenizer, gguf_context=512)
     ends_at_once = [5, 6, len(tokenizer) - 1]  # the next id is 0, the end: a reply that teaches no price
