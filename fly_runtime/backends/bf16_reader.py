@@ -18,6 +18,7 @@ while it reads at least ``GAIN`` times faster than llama.cpp does on this machin
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -331,10 +332,9 @@ class ReaderSlot:
     # reads it makes 1.6-1.7x faster (llama.cpp's own 13 ms a token once learned, tuning's 17)
     GAIN = 1.5
 
-    def __init__(self, gguf_path: Path, reader_ms: float, open_seconds: float, cache: Path | None = None,
-                 shared: _Shared | None = None) -> None:
+    def __init__(self, gguf_path: Path, reader_ms: float, open_seconds: float, cache: Path | None = None) -> None:
         self.gguf_path, self.cache = gguf_path, cache
-        self._shared = shared or _Shared(reader_ms, open_seconds)
+        self._shared = _Shared(reader_ms, open_seconds)
         self._shared.slots.append(self)
         self.own_ms: float | None = None  # the form's own reads, a token
         self.dropped = False  # not worth its memory for this form: never used here again
@@ -353,8 +353,9 @@ class ReaderSlot:
 
     def for_form(self, own_ms: float | None = None) -> "ReaderSlot":
         """A slot for another form of the same model, whose own reads cost ``own_ms`` a token: the same reader."""
-        slot = ReaderSlot(self.gguf_path, 0.0, 0.0, self.cache, self._shared)
-        slot.own_ms = own_ms
+        slot = copy.copy(self)  # the same shared state, a slot of its own
+        slot.own_ms, slot.dropped = own_ms, False
+        self._shared.slots.append(slot)
         return slot
 
     @property
