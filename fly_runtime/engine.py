@@ -451,7 +451,7 @@ class FlyEngine:
                      hint: int | None = None) -> torch.Tensor | None:
         """Feed the prompt in chunks, so that a timeout (and Ctrl-C, which waits for the running pass) takes
         effect within one chunk instead of after the whole read; None where the deadline passed first. Where the
-        backend reads best in larger chunks (``hint``: a prompt reader, whose chunk of 512 takes about as long as
+        backend reads best in larger chunks (``hint``: a prompt reader, whose chunk of 1,024 takes about as long as
         llama.cpp's of 128), those."""
         chunk = max(self.PROMPT_CHUNK, hint or 0)
         done = 0

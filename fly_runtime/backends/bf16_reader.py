@@ -1,4 +1,4 @@
-"""A prompt reader: the decoder's layers in bfloat16 on PyTorch, computing a long prompt's keys and values for
+"""A prompt reader: the decoder's layers in bfloat16 products on PyTorch, computing a long prompt's keys and values for
 llama.cpp's cache (or a graph's written from the same GGUF: ort_backend.py), so that the form writes the reply from
 them as if it had read the prompt itself.
 
@@ -8,8 +8,10 @@ oneDNN products read prompts faster (AMX-BF16 on an Intel Xeon: five to six time
 1.6-1.7x), with no activation rounding to speak of (int8 activations cost a 1.5B model three points of agreement:
 docs/design.md).
 A step of a bfloat16 model reads twice an 8-bit model's bytes, so the writing stays on llama.cpp. Both compute
-the GGUF's weights (here dequantised to bfloat16), and the reader hands over keys after rotary and values in
-llama.cpp's own rows (llama_cpp_state.py). It holds no LM head: the last prompt token, whose logits are wanted,
+the GGUF's weights, and the reader hands over keys after rotary and values in llama.cpp's own rows
+(llama_cpp_state.py). It keeps them as int8 rows with a scale a row (a byte a weight: 1.3 GB for the 1.5B, half
+of bfloat16's) and widens each layer's to bfloat16 once a read (0.2 s a read for the 1.5B); the rows agree with
+the model's choices as llama.cpp's own reads do (docs/design.md, "The prompt reader"). It holds no LM head: the last prompt token, whose logits are wanted,
 is llama.cpp's; and no embedding table beyond the GGUF's quantised rows, decoded per prompt.
 
 ``ReaderSlot`` decides where it runs: opened once the reads it would have sped up add up to its opening, used
@@ -29,7 +31,10 @@ import torch
 from fly_runtime.sources.gguf_graph import Unsupported, read_layout
 from fly_runtime.sources.gguf_index import read_index
 
-CHUNK = 512  # prompt positions read at a time: bounds the attention scores' memory on long prompts
+CHUNK = 512  # prompt positions read at a time through a layer: bounds the activations' memory on long prompts
+# the prompt tokens a form's pass should hand the reader where it reads: each read widens every matrix once (0.2 s
+# for the 1.5B), so fewer, longer reads; 1,024 tokens take about as long as llama.cpp's own 128-token pass
+READ_CHUNK = 1024
 BF16 = torch.bfloat16
 
 
@@ -68,7 +73,7 @@ _DECODERS = {Q4_K: (144, _q4_k), Q6_K: (210, _q6_k)}
 
 
 def _matrix(tensor) -> torch.Tensor:
-    """A GGUF matrix dequantised to bfloat16 [N, K]: Q4_K and Q6_K decoded in PyTorch (on all cores; about as fast
+    """A GGUF matrix dequantised to float32 [N, K]: Q4_K and Q6_K decoded in PyTorch (on all cores; about as fast
     as gguf-py's numpy decoder, and bit-equal to it), other types by gguf-py."""
     rows = int(np.prod(tensor.shape[1:]))
     raw = np.asarray(tensor.data).reshape(rows, -1)
@@ -76,11 +81,28 @@ def _matrix(tensor) -> torch.Tensor:
     if kind in _DECODERS:
         size, decode = _DECODERS[kind]
         blocks = torch.from_numpy(np.array(raw)).view(-1, size)  # a copy: the mapped file is read-only
-        return decode(blocks).to(BF16).reshape(rows, -1)
+        return decode(blocks).reshape(rows, -1)
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    return torch.from_numpy(np.array(dequantize(raw, GGMLQuantizationType(kind)), np.float32).reshape(rows, -1)).to(BF16)
+    return torch.from_numpy(np.array(dequantize(raw, GGMLQuantizationType(kind)), np.float32).reshape(rows, -1))
+
+
+def _int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, K] float32 as int8 rows and a float32 scale a row (symmetric: the row's largest magnitude at 127). On a
+    Q4_K_M 1.5B the rounding moves a weight by 0.9-1.9% of the matrix's RMS (the GGUF's own 4 bits move it ~10%)."""
+    scale = (w.abs().amax(1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    return torch.round(w / scale[:, None]).to(torch.int8), scale
+
+
+WIDEN_ROWS = 1024  # int8 rows widened to bfloat16 at a time: a block stays in cache between the two passes
+
+
+def _widen(rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """int8 [N, K] into ``out`` bfloat16 [N, K] (exact: bfloat16 holds every int8); returns ``out``."""
+    for at in range(0, rows.shape[0], WIDEN_ROWS):
+        out[at:at + WIDEN_ROWS].copy_(rows[at:at + WIDEN_ROWS])
+    return out
 
 
 def _vector(tensor) -> torch.Tensor:
@@ -88,21 +110,26 @@ def _vector(tensor) -> torch.Tensor:
 
 
 class _Layer:
-    FIELDS = ("attn_norm", "ffn_norm", "qkv", "qkv_bias", "o", "gate_up", "down")
+    """One decoder layer: norms, and each matrix as int8 rows with a float32 scale a row (``_int8_rows``)."""
+
+    MATRICES = ("qkv", "o", "gate_up", "down")
+    FIELDS = ("attn_norm", "ffn_norm", "qkv_bias") + MATRICES + tuple(f"{m}_scale" for m in MATRICES)
 
     def __init__(self, weights: dict[str, torch.Tensor]) -> None:
-        self.attn_norm, self.ffn_norm, self.qkv = weights["attn_norm"], weights["ffn_norm"], weights["qkv"]
+        self.attn_norm, self.ffn_norm = weights["attn_norm"], weights["ffn_norm"]
         self.qkv_bias = weights.get("qkv_bias")
-        self.o, self.gate_up, self.down = weights["o"], weights["gate_up"], weights["down"]
+        self.qkv, self.o, self.gate_up, self.down = (weights[m] for m in self.MATRICES)
+        self.qkv_scale, self.o_scale, self.gate_up_scale, self.down_scale = (weights[f"{m}_scale"] for m in self.MATRICES)
+        self.gate_up_scale_bf16 = self.gate_up_scale.to(BF16)  # applied to bfloat16 outputs, in place
 
     @classmethod
     def from_gguf(cls, tensors: dict, i: int) -> "_Layer":
         t = lambda name: tensors[f"blk.{i}.{name}"]  # noqa: E731
-        bf16 = lambda names: torch.cat([_matrix(t(n)) for n in names])  # noqa: E731
-        weights = {"attn_norm": _vector(t("attn_norm.weight")), "ffn_norm": _vector(t("ffn_norm.weight")),
-                   "qkv": bf16(["attn_q.weight", "attn_k.weight", "attn_v.weight"]),
-                   "o": bf16(["attn_output.weight"]), "gate_up": bf16(["ffn_gate.weight", "ffn_up.weight"]),
-                   "down": bf16(["ffn_down.weight"])}
+        joined = lambda names: torch.cat([_matrix(t(n)) for n in names])  # noqa: E731
+        weights = {"attn_norm": _vector(t("attn_norm.weight")), "ffn_norm": _vector(t("ffn_norm.weight"))}
+        for name, parts in (("qkv", ["attn_q.weight", "attn_k.weight", "attn_v.weight"]), ("o", ["attn_output.weight"]),
+                            ("gate_up", ["ffn_gate.weight", "ffn_up.weight"]), ("down", ["ffn_down.weight"])):
+            weights[name], weights[f"{name}_scale"] = _int8_rows(joined(parts))
         biases = [tensors.get(f"blk.{i}.attn_{p}.bias") for p in "qkv"]
         if all(b is not None for b in biases):
             weights["qkv_bias"] = torch.cat([_vector(b) for b in biases])
@@ -111,32 +138,43 @@ class _Layer:
     def named(self, i: int) -> dict[str, torch.Tensor]:
         return {f"{i}.{f}": getattr(self, f) for f in self.FIELDS if getattr(self, f) is not None}
 
+    def widened(self, scratch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The layer's matrices in bfloat16 (unscaled), written into ``scratch``'s buffers (made on first use)."""
+        out = {}
+        for m in self.MATRICES:
+            rows = getattr(self, m)
+            if m not in scratch:
+                scratch[m] = torch.empty(rows.shape, dtype=BF16)
+            out[m] = _widen(rows, scratch[m])
+        return out
 
-WEIGHTS_VERSION = 1  # of the cached bfloat16 weights' layout
+
+WEIGHTS_VERSION = 2  # of the kept weights' layout (1: bfloat16 matrices; 2: int8 rows and scales)
 
 
 def weights_file(gguf_path: Path, folder: Path) -> Path:
-    """Where the reader's bfloat16 weights of ``gguf_path`` are kept: named by the file and its size and date, so
-    that another file of the same name is converted anew."""
+    """Where the reader's weights of ``gguf_path`` are kept: named by the file and its size and date, so that another
+    file of the same name is converted anew."""
     stat = gguf_path.stat()
     return folder / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}-v{WEIGHTS_VERSION}.safetensors"
 
 
 class PromptReader:
-    """Computes the keys and values of prompt tokens (``read``), from a GGUF's weights in bfloat16."""
+    """Computes the keys and values of prompt tokens (``read``), from a GGUF's weights kept as int8 rows, in
+    bfloat16 products."""
 
     def __init__(self, gguf_path: Path, cache: Path | None = None) -> None:
-        """``cache``: a folder where the weights, once converted, are kept for the next opening (2 bytes a weight;
-        reading them back takes a second or two where converting the GGUF takes 13 s for a 1.5B)."""
+        """``cache``: a folder where the weights, once converted, are kept for the next opening (a byte a weight;
+        reading them back takes a second or two where converting the GGUF takes 15 s for a 1.5B)."""
         fields, tensors = read_index(gguf_path)
         self.layout = layout = read_layout(fields, tensors)  # Unsupported: a family not written here
         if layout.interleaved:
             raise Unsupported("rotary pairs interleaved (a Llama GGUF's permuted rows)")
-        # the embedding's rows as stored (quantised), copied out of the mapped file: a prompt's rows are decoded from
-        # them, and the file's pages need not stay mapped beside the copy llama.cpp holds
+        # the embedding's rows as stored (quantised), left in the mapped file: a prompt's rows are decoded from them,
+        # and only the pages of rows read stay in memory (a copy held the whole table: 0.13 GB for the 1.5B)
         embedding = tensors["token_embd.weight"]
         self._embedding_kind = int(embedding.tensor_type)
-        self._embedding = np.array(np.asarray(embedding.data).reshape(int(np.prod(embedding.shape[1:])), -1))
+        self._embedding = np.asarray(embedding.data).reshape(int(np.prod(embedding.shape[1:])), -1)
         kept = weights_file(gguf_path, cache) if cache is not None else None
         if kept is not None and kept.is_file():
             from safetensors.torch import load_file
@@ -153,6 +191,7 @@ class PromptReader:
                 scratch = kept.with_suffix(f".{os.getpid()}.partial")
                 save_file({k: v for i, layer in enumerate(self.layers) for k, v in layer.named(i).items()}, str(scratch))
                 scratch.replace(kept)
+                _remove_stale(gguf_path, kept)
         self._inv_freq = layout.rope_base ** (-torch.arange(0, layout.head_dim, 2, dtype=torch.float64)
                                               / layout.head_dim)
 
@@ -186,37 +225,58 @@ class PromptReader:
         previous = torch.get_num_threads()
         torch.set_num_threads(os.cpu_count() or 1)  # every core (the engine keeps torch to one while llama.cpp runs)
         try:
-            for at in range(0, len(ids), CHUNK):
-                self._read_chunk(ids[at:at + CHUNK], start + at, keys, values, new_keys, new_values)
+            x = self.embed(ids)
+            cos, sin = self._rotary(torch.arange(start, start + len(ids)))
+            scratch: dict[str, torch.Tensor] = {}
+            # layer by layer, each layer's matrices widened once for all of the read's chunks
+            for i, layer in enumerate(self.layers):
+                w = layer.widened(scratch)
+                for at in range(0, len(ids), CHUNK):
+                    end = min(len(ids), at + CHUNK)
+                    x[at:end] = self._layer_rows(i, layer, w, x[at:end], start + at, cos[at:end], sin[at:end],
+                                                 keys, values, new_keys[i], new_values[i])
         finally:
             torch.set_num_threads(previous)
         rows = lambda parts: [torch.cat(p).reshape(len(ids), -1).to(torch.float16).numpy() for p in parts]  # noqa: E731
         return rows(new_keys), rows(new_values)
 
-    def _read_chunk(self, ids: Sequence[int], start: int, keys: list, values: list, new_keys: list,
-                    new_values: list) -> None:
+    def _layer_rows(self, i: int, layer: _Layer, w: dict[str, torch.Tensor], x: torch.Tensor, start: int,
+                    cos: torch.Tensor, sin: torch.Tensor, keys: list, values: list, new_keys: list,
+                    new_values: list) -> torch.Tensor:
+        """Layer ``i`` on rows ``x`` [n, hidden] float32 at positions ``start``..: their keys and values appended
+        (to the cache ``keys[i]`` / ``values[i]`` and to ``new_keys`` / ``new_values``); returns the layer's output.
+        Each product runs on the widened int8 rows and is scaled after, per output column."""
         L = self.layout
-        n = len(ids)
-        x = self.embed(ids)
-        cos, sin = self._rotary(torch.arange(start, start + n))
+        n = len(x)
         q_width, kv_width = L.heads * L.head_dim, L.kv_heads * L.head_dim
-        for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer.attn_norm, L.eps).to(BF16)
-            qkv = torch.nn.functional.linear(h, layer.qkv).float()
-            if layer.qkv_bias is not None:
-                qkv += layer.qkv_bias
-            q = _rope(qkv[:, :q_width].view(n, L.heads, L.head_dim), cos, sin)
-            k = _rope(qkv[:, q_width:q_width + kv_width].view(n, L.kv_heads, L.head_dim), cos, sin)
-            v = qkv[:, q_width + kv_width:].view(n, L.kv_heads, L.head_dim)
-            new_keys[i].append(k)
-            new_values[i].append(v)
-            keys[i] = torch.cat([keys[i], k.transpose(0, 1).to(BF16)], dim=1)
-            values[i] = torch.cat([values[i], v.transpose(0, 1).to(BF16)], dim=1)
-            attn = _attention(q, keys[i], values[i], start, L.head_dim ** -0.5)
-            x = x + torch.nn.functional.linear(attn.to(BF16), layer.o).float()
-            h = _rms_norm(x, layer.ffn_norm, L.eps).to(BF16)
-            gate, up = torch.nn.functional.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, layer.down).float()
+        linear = torch.nn.functional.linear
+        h = _rms_norm(x, layer.attn_norm, L.eps).to(BF16)
+        qkv = linear(h, w["qkv"]).float() * layer.qkv_scale
+        if layer.qkv_bias is not None:
+            qkv += layer.qkv_bias
+        q = _rope(qkv[:, :q_width].view(n, L.heads, L.head_dim), cos, sin)
+        k = _rope(qkv[:, q_width:q_width + kv_width].view(n, L.kv_heads, L.head_dim), cos, sin)
+        v = qkv[:, q_width + kv_width:].view(n, L.kv_heads, L.head_dim)
+        new_keys.append(k)
+        new_values.append(v)
+        keys[i] = torch.cat([keys[i], k.transpose(0, 1).to(BF16)], dim=1)
+        values[i] = torch.cat([values[i], v.transpose(0, 1).to(BF16)], dim=1)
+        attn = _attention(q, keys[i], values[i], start, L.head_dim ** -0.5)
+        x = torch.addcmul(x, linear(attn.to(BF16), w["o"]).float(), layer.o_scale)
+        h = _rms_norm(x, layer.ffn_norm, L.eps).to(BF16)
+        gate, up = linear(h, w["gate_up"]).mul_(layer.gate_up_scale_bf16).chunk(2, dim=-1)
+        return torch.addcmul(x, linear(torch.nn.functional.silu(gate) * up, w["down"]).float(), layer.down_scale)
+
+
+def _remove_stale(gguf_path: Path, kept: Path) -> None:
+    """Removes the weights kept for ``gguf_path`` by other versions of the layout or of the file (the name's size
+    and date): nothing reads them again."""
+    import re
+
+    pattern = re.compile(rf"{re.escape(gguf_path.stem)}-\d+-\d+-v\d+\.safetensors")
+    for other in kept.parent.iterdir():
+        if other != kept and pattern.fullmatch(other.name):
+            other.unlink(missing_ok=True)
 
 
 QUERY_BLOCK = 128  # queries scored together: a block sees the keys up to its last position, not the whole chunk's
@@ -257,8 +317,9 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 # what a read costs a token beyond its matrix products (attention over a few hundred cached positions, norms,
-# conversions, the handover), as measured on the 1.5B on two cores: about the same with AMX (products 1.4 ms a
-# token, reads 2.5-3.5) and with AVX512-BF16 alone (products 6.1 ms, reads 7.1-8.0). Not a multiple of the products:
+# conversions, the handover; since 2026-12-07 the int8 rows' widening, 0.2 s a read), as measured on the 1.5B on
+# two cores: about the same with AMX (products 1.4 ms a token, reads 2.5-3.5; int8 rows 2.9-3.2 over 356-1,000
+# tokens) and with AVX512-BF16 alone (products 6.1 ms, reads 7.1-8.0). Not a multiple of the products:
 # priced as one (twice them), the Zen 4 EPYC's reads were predicted at 12 ms a token and the reader never opened.
 OTHER_MS = 1.5
 OTHER_PARAMS = 1.31e9  # the decoder weights of the 1.5B that OTHER_MS was measured on
@@ -311,7 +372,7 @@ class _Shared:
         self.open_seconds = open_seconds
         self.missed = 0.0
         self.slots: list[ReaderSlot] = []
-        # the first read after opening pages the mapped weights in (2.6 GB for the 1.5B; seconds where the page cache
+        # the first read after opening pages the mapped weights in (1.3 GB for the 1.5B; seconds where the page cache
         # had dropped them, 75 ms a token over a short prompt): it prices nothing, or the reader is dropped for good
         self.fresh = False
 
@@ -325,9 +386,9 @@ class ReaderSlot:
 
     MIN_TOKENS = 32
     LEARN_RATE = 0.3
-    SECONDS_PER_PARAM = 10e-9  # opening: each weight dequantised and rounded to bfloat16 (13 s for the 1.5B)
+    SECONDS_PER_PARAM = 11e-9  # opening: each weight dequantised and rounded to int8 rows (14 s for the 1.5B)
     SECONDS_PER_PARAM_KEPT = 2e-9  # opening from the weights kept by an earlier opening (mapped, read on first use)
-    # a reader is worth its memory (2 bytes a weight) where it reads at least this much faster: a read-heavy turn
+    # a reader is worth its memory (a byte a weight) where it reads at least this much faster: a read-heavy turn
     # (a RAG answer, a tool call) then comes out about 1.4x faster. At 2.0 it was dropped on the Zen 4 EPYC, whose
     # reads it makes 1.6-1.7x faster (llama.cpp's own 13 ms a token once learned, tuning's 17)
     GAIN = 1.5

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fly_runtime.backends.bf16_reader import CHUNK as READER_CHUNK
+from fly_runtime.backends.bf16_reader import READ_CHUNK
 from fly_runtime.backends.llama_cpp_state import SeqCells, UnknownLayout, pack, parse
 from fly_runtime.backends.openmp_thread import on_openmp_thread
 from fly_runtime.errors import FlyError, InvalidSettingsError
@@ -85,9 +85,10 @@ class LlamaCppBackend:
 
     @property
     def read_chunk(self) -> int | None:
-        """Where the prompt reader reads (or is about to), the prompt tokens a pass should hold: its products are
-        cheaper by the token the more rows they have, and each pass costs one handover and one llama.cpp step."""
-        return READER_CHUNK if self.reader is not None and self.reader.ready() else None
+        """Where the prompt reader reads (or is about to), the prompt tokens a pass should hold: each read widens its
+        matrices once, its products are cheaper by the token the more rows they have, and each pass costs one
+        handover and one llama.cpp step."""
+        return READ_CHUNK if self.reader is not None and self.reader.ready() else None
 
     def crop(self, length: int) -> None:
         self.crop_sequence(0, length)

@@ -56,8 +56,21 @@ def tiny(tmp_path_factory):
     return path, w
 
 
-def reference_kv(w: dict, ids: list[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each layer's keys (after rotary, halves apart) and values, float64 [positions, kv_heads * head_dim]."""
+def int8_rows(w: dict) -> dict:
+    """The weights as the reader keeps them: each decoder matrix's rows rounded to 127 steps of the row's largest
+    magnitude (the embedding and the vectors as they are)."""
+    def rounded(a):
+        step = np.abs(a).max(1, keepdims=True) / 127
+        return np.round(a / step) * step
+
+    return {k: rounded(v) if v.ndim == 2 and k.startswith("blk.") else v for k, v in w.items()}
+
+
+def reference_kv(w: dict, ids: list[int], kept: bool = True) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each layer's keys (after rotary, halves apart) and values, float64 [positions, kv_heads * head_dim], of the
+    weights as the reader keeps them (``kept``) or as the GGUF holds them."""
+    if kept:
+        w = int8_rows(w)
     x = w["token_embd.weight"][ids].astype(np.float64)
     n = len(ids)
     inv = BASE ** (-np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
@@ -106,6 +119,10 @@ def test_reader_computes_the_models_keys_and_values(tiny):
     assert len(keys) == LAYERS and keys[0].shape == (len(ids), KV_HEADS * HEAD_DIM) and keys[0].dtype == np.float16
     for got, want in zip(keys + values, want_k + want_v):
         assert relative_error(got, want) < 0.02  # bfloat16 products: about 2**-8 per product
+    # against the GGUF's own weights: the int8 rows move these random ones by ~0.7% of their RMS
+    exact_k, exact_v = reference_kv(w, ids, kept=False)
+    for got, want in zip(keys + values, exact_k + exact_v):
+        assert relative_error(got, want) < 0.04
 
 
 def test_a_read_after_cached_positions_equals_one_read(tiny):
@@ -143,9 +160,15 @@ def test_weights_kept_in_the_cache_open_the_same_reader(tiny, tmp_path):
 
     path, _ = tiny
     ids = [3, 17, 5, 42, 8]
+    (tmp_path / "reader").mkdir()
+    stale = tmp_path / "reader" / f"{path.stem}-123-456-v1.safetensors"  # an earlier layout's (or file's) weights
+    other = tmp_path / "reader" / f"{path.stem}-q8-123-456-v1.safetensors"  # another model's, named alike
+    stale.write_bytes(b"old")
+    other.write_bytes(b"other")
     converted = PromptReader(path, cache=tmp_path / "reader")
     kept = weights_file(path, tmp_path / "reader")
     assert kept.is_file() and not list(kept.parent.glob("*.partial"))
+    assert not stale.exists() and other.read_bytes() == b"other"
     reopened = PromptReader(path, cache=tmp_path / "reader")
     for a, b in zip(converted.read(ids)[0] + converted.read(ids)[1], reopened.read(ids)[0] + reopened.read(ids)[1]):
         assert (a == b).all()
