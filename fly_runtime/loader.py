@@ -166,14 +166,11 @@ def load_engine(settings: ModelSettings, tokenizer=None) -> FlyEngine:
     reader = readers.get(GGUF)
     chosen = precision
     if reader is not None and reader.promising():
-        # a typical turn's read costs the reader's price on every form it reads for: the form that serves that turn
-        # soonest at that price serves first, the other held beside it (opened once it pays)
-        from fly_runtime.tuning import turn_seconds
-
+        # the form that serves a typical turn soonest, its read at the reader's price where the reader is expected to
+        # read for it, serves first; the other is held beside it (opened once it pays)
         ms, held = _held_names(settings, kind, target_model, precision)
         if ms:
-            turns = {p: turn_seconds(ms[p], reader.reader_ms if p in readers else None) for p in (precision, *held)}
-            precision = min(turns, key=turns.__getitem__)
+            precision = first_form({p: ms[p] for p in (precision, *held)}, readers)
     target_backend = open_backend(target_model, kind, precision, device=settings.device,
                                   sequences=settings.max_batch or max(BATCH_CANDIDATES))
     if precision in readers:
@@ -232,6 +229,20 @@ def _price_forms_from_tuning(engine: FlyEngine, model: ResolvedModel) -> None:
     for form in engine.forms:
         if form.name in ms and {"1", "9"} <= set(ms[form.name]):
             form.learned.costs = pass_prices(ms[form.name])
+
+
+def first_form(ms: dict[str, dict], readers: dict) -> str:
+    """Of the forms timed as ``ms`` (tuning's pass times), the one a typical turn finishes on soonest, its read priced
+    at the prompt reader's where its slot in ``readers`` expects the reader to read there (as the router prices it:
+    ``Router._read_price``), else at the form's own."""
+    from fly_runtime.tuning import turn_seconds
+
+    def read_ms(form: str) -> float | None:
+        slot = readers.get(form)
+        return slot.reader_ms if slot is not None and slot.expected() else None
+
+    turns = {p: turn_seconds(ms[p], read_ms(p)) for p in ms}
+    return min(turns, key=turns.__getitem__)
 
 
 def _held_names(settings: ModelSettings, kind: str, model: ResolvedModel, precision: str,

@@ -291,3 +291,25 @@ def test_one_prompt_reader_reads_for_every_form_it_has_a_slot_on():
     assert llama.reader is not None and llama.for_read(700) is llama.reader  # still faster than llama.cpp's
     assert r.predict("int4", "tools", 700, 60) == pytest.approx(
         700 * int4_ms["64"] / 64 / 1000 + r.predict("int4", "tools", 0, 60))
+
+
+def test_the_first_form_prices_a_read_at_the_readers_price_only_where_it_is_expected_to_read():
+    """load_engine's first form (loader.first_form) prices a typical turn's read as the router does: at the prompt
+    reader's price on a form where the reader is expected to read (promising, not dropped), else at the form's own.
+    Here the graph reads at 4 ms a token, under 1.5x the reader's 3: the reader is not expected there, so the graph's
+    turn keeps its own read and llama.cpp, which the reader is expected to speed up, serves first."""
+    from pathlib import Path
+
+    from fly_runtime.backends.bf16_reader import ReaderSlot
+    from fly_runtime.loader import first_form
+
+    graph_ms = {"1": 57.0, "9": 170.0, "64": 256.0}  # steps and verifies cheaply, reads 4 ms a token
+    ms = {"gguf": GGUF_MS, "int4": graph_ms}
+    slot = ReaderSlot(Path("unused.gguf"), reader_ms=3.0, open_seconds=20.0)
+    slot.own_ms = GGUF_MS["64"] / 64
+    graph = slot.for_form(own_ms=graph_ms["64"] / 64)
+    assert slot.expected() and not graph.expected()
+    assert first_form(ms, {"gguf": slot, "int4": graph}) == "gguf"
+    graph.own_ms = 20.0  # reads slower there: the reader is expected there too, and the graph's cheap rows win
+    assert graph.expected() and first_form(ms, {"gguf": slot, "int4": graph}) == "int4"
+    assert first_form(ms, {}) == "int4"  # no reader: the graph reads faster than llama.cpp as well
