@@ -66,7 +66,7 @@ def inventory(in_use: dict[str, str], root: Path | None = None) -> list[Entry]:
         if (root / name).is_dir():
             entries.append(Entry(root / name, _size(root / name), use, True))
     for path in sorted(root.glob("reader/*.safetensors")):
-        entries.append(Entry(path, _size(path), "int8 weights of the prompt reader (FLY_PROMPT_READER=1), kept "
+        entries.append(Entry(path, _size(path), "weights of the prompt reader (FLY_PROMPT_READER), kept "
                                                 "so that it opens in seconds: converted again from the GGUF when needed",
                              False))
     if (root / "test-fixtures").is_dir():

@@ -8,6 +8,7 @@ import struct
 
 import numpy as np
 import pytest
+import torch
 
 from fly_runtime.backends import llama_cpp_state as state
 from fly_runtime.backends.bf16_reader import PromptReader, ReaderSlot
@@ -307,3 +308,42 @@ def test_a_reader_1_6x_faster_than_llama_cpp_opens_and_stays(tiny):
     assert opened_at is not None and opened_at <= 3, (opened_at, slot.missed, slot.own_ms)
     slot.learn(511, 511 * 8.0e-3, by_reader=True)  # its real reads: 8 ms a token
     assert slot.for_read(511) is slot.reader
+
+
+def test_weights_kept_in_bfloat16_compute_the_ggufs_own_and_replace_the_int8_rows(tiny, tmp_path):
+    """FLY_PROMPT_READER=bf16: the matrices kept in bfloat16 (no rounding to int8 rows), so the keys and values are
+    the GGUF's weights' within bfloat16's products; converting them removes the int8 rows kept before, and back."""
+    from fly_runtime.backends.bf16_reader import weights_file
+
+    path, w = tiny
+    ids = [3, 17, 5, 42, 8, 8, 1, 30, 12, 7, 44, 2, 9]
+    folder = tmp_path / "reader"
+    int8 = PromptReader(path, cache=folder)
+    bf16 = PromptReader(path, cache=folder, kept_as="bf16")
+    assert weights_file(path, folder, "bf16").is_file() and not weights_file(path, folder).is_file()
+    assert {layer.qkv.dtype for layer in bf16.layers} == {torch.bfloat16} and bf16.layers[0].qkv_scale is None
+    exact_k, exact_v = reference_kv(w, ids, kept=False)
+    got_k, got_v = bf16.read(ids)
+    rounded_k, rounded_v = int8.read(ids)
+    for got, rounded, want in zip(got_k + got_v, rounded_k + rounded_v, exact_k + exact_v):
+        assert relative_error(got, want) < 0.02  # bfloat16 products alone (as before int8 rows)
+        assert relative_error(got, want) < relative_error(rounded, want)  # the int8 rows' rounding is gone
+    PromptReader(path, cache=folder)
+    assert weights_file(path, folder).is_file() and not weights_file(path, folder, "bf16").is_file()
+    with pytest.raises(ValueError, match="int8"):
+        PromptReader(path, kept_as="fp16")
+
+
+def test_a_prompt_reader_setting_that_is_none_of_them_is_one_clear_error(monkeypatch):
+    from types import SimpleNamespace
+
+    from fly_runtime.errors import InvalidSettingsError
+    from fly_runtime.loader import _prompt_readers
+
+    no_gguf = SimpleNamespace(gguf=None)
+    for setting in ("0", "1", "int8", "bf16", " BF16 "):
+        monkeypatch.setenv("FLY_PROMPT_READER", setting)
+        assert _prompt_readers(no_gguf) == {}
+    monkeypatch.setenv("FLY_PROMPT_READER", "fp16")
+    with pytest.raises(InvalidSettingsError, match="FLY_PROMPT_READER='fp16'.*bf16"):
+        _prompt_readers(no_gguf)
