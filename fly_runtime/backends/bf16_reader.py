@@ -10,9 +10,10 @@ docs/design.md).
 A step of a bfloat16 model reads twice an 8-bit model's bytes, so the writing stays on llama.cpp. Both compute
 the GGUF's weights, and the reader hands over keys after rotary and values in llama.cpp's own rows
 (llama_cpp_state.py). It keeps them as int8 rows with a scale a row (a byte a weight: 1.3 GB for the 1.5B, half
-of bfloat16's) and widens each layer's to bfloat16 once a read (0.2 s a read for the 1.5B); the rows agree with
-the model's choices as llama.cpp's own reads do (docs/design.md, "The prompt reader"). It holds no LM head: the last prompt token, whose logits are wanted,
-is llama.cpp's; and no embedding table beyond the GGUF's quantised rows, decoded per prompt.
+of bfloat16's) and widens each layer's to bfloat16 once a read (0.2 s a read for the 1.5B); its cells make
+llama.cpp pick the model's tokens as often as its own read's do (docs/design.md, "The prompt reader"). Kept in
+bfloat16 instead (``FLY_PROMPT_READER=bf16``) it skips the widening. It holds no LM head: the last prompt token,
+whose logits are wanted, is llama.cpp's; and no embedding table beyond the GGUF's quantised rows, decoded per prompt.
 
 ``ReaderSlot`` decides where it runs: opened once the reads it would have sped up add up to its opening, used
 while it reads at least ``GAIN`` times faster than llama.cpp does on this machine.
@@ -95,7 +96,7 @@ def _int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w / scale[:, None]).to(torch.int8), scale
 
 
-WIDEN_ROWS = 1024  # int8 rows widened to bfloat16 at a time: a block stays in cache between the two passes
+WIDEN_ROWS = 1024  # int8 rows widened to bfloat16 at a time: about twice as fast here as the whole matrix at once
 
 
 def _widen(rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
