@@ -247,7 +247,9 @@ def _list_models() -> int:
     for key, record in load_records().items():
         if not key.startswith(machine_id() + "|"):
             continue
-        if "max_batch" in record:
+        if key.endswith("|bf16-product"):
+            print(f"  a bfloat16 product {record['ms']:.1f} ms: prices the prompt reader here ({record['date']})")
+        elif "max_batch" in record:
             passes = ", ".join(f"{n}: {ms:.0f}" for n, ms in record["ms"].items())
             print(f"  {record['model']}: decodes up to {record['max_batch']} requests together (auto; one-token "
                   f"passes over that many requests, ms: {passes}; {record['date']})")

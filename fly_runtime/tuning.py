@@ -449,6 +449,8 @@ def forms_in_use() -> dict[str, str]:
         parts = key.split("|")
         if parts[0] != machine_id() or len(parts) != 2 or record.get("version") != RECORD_VERSION:
             continue
+        if "model" not in record:  # a record of the machine's own (the bfloat16 product), not a model's choice
+            continue
         precision = record["precision"]
         if precision != GGUF:
             used[folder(record["model"], parts[1], precision)] = f"the target here (precision auto chose {precision})"

@@ -37,3 +37,24 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
     finally:
         os.close(write)
     assert proc.returncode == 141 and proc.stderr == ""
+
+
+def test_models_list_shows_every_kind_of_tuning_record(tmp_path, monkeypatch, capsys):
+    """`fly models list` and `prune` on a cache whose tuning record holds this machine's timed bfloat16 product (the
+    prompt reader's price, a record without a model) beside a model's choice: each is listed, none is an internal
+    error (both were, wherever the reader had been priced)."""
+    import json
+
+    from fly_runtime.cli import main
+    from fly_runtime.tuning import RECORD_VERSION, machine_id
+
+    monkeypatch.setenv("FLY_CACHE_DIR", str(tmp_path))
+    ms = {"1": 62.0, "9": 292.0, "64": 1158.0, "row_delta": 0.6}
+    records = {f"{machine_id()}|abc": {"model": "some-model", "precision": "gguf", "ms": {"gguf": ms},
+                                       "version": RECORD_VERSION, "date": "2026-12-07"},
+               f"{machine_id()}|bf16-product": {"ms": 6.28, "version": RECORD_VERSION, "date": "2026-12-07"}}
+    (tmp_path / "tuning.json").write_text(json.dumps(records))
+    assert main(["models", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "some-model: target gguf" in out and "a bfloat16 product 6.3 ms" in out
+    assert main(["models", "prune"]) == 0 and "freed 0.00 GB" in capsys.readouterr().out
