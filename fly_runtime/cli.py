@@ -232,7 +232,7 @@ def _list_models() -> int:
     from fly_runtime.sources import BUILTIN_MODELS, BUILTIN_PAIRS, DEFAULT_PAIR, cache_dir
     from fly_runtime.sources.builtin import gguf_path, is_verified
     from fly_runtime.sources.inventory import inventory
-    from fly_runtime.tuning import describe, forms_in_use, load_records, machine_id
+    from fly_runtime.tuning import BF16_PRODUCT, describe, forms_in_use, load_records, machine_id
 
     print(f"cache: {cache_dir()}")
     for name, spec in BUILTIN_MODELS.items():
@@ -247,7 +247,7 @@ def _list_models() -> int:
     for key, record in load_records().items():
         if not key.startswith(machine_id() + "|"):
             continue
-        if key.endswith("|bf16-product"):
+        if key == f"{machine_id()}|{BF16_PRODUCT}":
             print(f"  a bfloat16 product {record['ms']:.1f} ms: prices the prompt reader here ({record['date']})")
         elif "max_batch" in record:
             passes = ", ".join(f"{n}: {ms:.0f}" for n, ms in record["ms"].items())

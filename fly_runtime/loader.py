@@ -305,18 +305,19 @@ def _prompt_readers(model: ResolvedModel) -> dict:
     opened once that has paid for its opening; none where the model came as no GGUF, the reader does not compute it,
     or ``FLY_PROMPT_READER=0`` leaves every read to the forms. ``FLY_PROMPT_READER=bf16`` keeps its weights in
     bfloat16 (2 bytes a weight where int8 rows take one; reads of a few hundred tokens 20-40% faster)."""
+    from fly_runtime.backends.bf16_reader import WEIGHTS, ReaderSlot
+
     setting = os.environ.get("FLY_PROMPT_READER", "1").strip().lower()
-    if setting not in ("0", "1", "int8", "bf16"):
+    kept_as = WEIGHTS[0] if setting == "1" else setting  # 1: on, as the reader keeps its weights by default
+    if setting != "0" and kept_as not in WEIGHTS:
         raise InvalidSettingsError(f"FLY_PROMPT_READER={setting!r} is not a prompt reader setting: use 0 (off), 1 or "
                                    "int8 (on, its weights as int8 rows), or bf16 (on, its weights in bfloat16)")
     if model.gguf is None or setting == "0":
         return {}
-    from fly_runtime.backends.bf16_reader import ReaderSlot
     from fly_runtime.sources.cache import cache_dir
     from fly_runtime.tuning import bf16_product_ms, read_ms, recorded_forms
 
-    slot = ReaderSlot.for_model(model.gguf, bf16_product_ms(), cache_dir() / "reader",
-                                "bf16" if setting == "bf16" else "int8")
+    slot = ReaderSlot.for_model(model.gguf, bf16_product_ms(), cache_dir() / "reader", kept_as)
     if slot is None:
         return {}
     ms, _ = recorded_forms(model)  # each form's reads as tuning timed them, until its own are seen

@@ -449,7 +449,7 @@ def forms_in_use() -> dict[str, str]:
         parts = key.split("|")
         if parts[0] != machine_id() or len(parts) != 2 or record.get("version") != RECORD_VERSION:
             continue
-        if "model" not in record:  # a record of the machine's own (the bfloat16 product), not a model's choice
+        if parts[1] == BF16_PRODUCT:  # the machine's own record, not a model's choice
             continue
         precision = record["precision"]
         if precision != GGUF:
@@ -465,10 +465,13 @@ def forms_in_use() -> dict[str, str]:
     return used
 
 
+BF16_PRODUCT = "bf16-product"  # the record of this machine's timed bfloat16 product: a machine's, naming no model
+
+
 def bf16_product_ms() -> float:
     """The bfloat16 matrix product a prompt reader's price is predicted from (backends/bf16_reader.py), timed once
     per machine and recorded."""
-    key = f"{machine_id()}|bf16-product"
+    key = f"{machine_id()}|{BF16_PRODUCT}"
     record = load_records().get(key)
     if record is not None and record.get("version") == RECORD_VERSION:
         return float(record["ms"])
