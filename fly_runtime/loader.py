@@ -303,15 +303,17 @@ def _prompt_readers(model: ResolvedModel) -> dict:
     """The prompt reader's slots for the model's forms (fly_runtime/backends/bf16_reader.py), one reader shared: long
     prompt reads in bfloat16 where this CPU makes them at least ``ReaderSlot.GAIN`` times faster than the form's own,
     opened once that has paid for its opening; none where the model came as no GGUF, the reader does not compute it,
-    or ``FLY_PROMPT_READER=0`` leaves every read to the forms. ``FLY_PROMPT_READER=bf16`` keeps its weights in
-    bfloat16 (2 bytes a weight where int8 rows take one; reads of a few hundred tokens 20-40% faster)."""
+    or ``FLY_PROMPT_READER=0`` leaves every read to the forms. By default it widens the GGUF's own blocks each read
+    (``gguf``; int8 rows where that does not build); ``int8`` keeps int8 rows, ``bf16`` bfloat16 weights (2 bytes a
+    weight; no widening: reads of a few hundred tokens faster)."""
     from fly_runtime.backends.bf16_reader import WEIGHTS, ReaderSlot
 
     setting = os.environ.get("FLY_PROMPT_READER", "1").strip().lower()
     kept_as = WEIGHTS[0] if setting == "1" else setting  # 1: on, as the reader keeps its weights by default
     if setting != "0" and kept_as not in WEIGHTS:
         raise InvalidSettingsError(f"FLY_PROMPT_READER={setting!r} is not a prompt reader setting: use 0 (off), 1 or "
-                                   "int8 (on, its weights as int8 rows), or bf16 (on, its weights in bfloat16)")
+                                   "gguf (on, widening the GGUF's own blocks), int8 (on, its weights as int8 rows), or "
+                                   "bf16 (on, its weights in bfloat16)")
     if model.gguf is None or setting == "0":
         return {}
     from fly_runtime.sources.cache import cache_dir

@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from fly_runtime.backends import native_widen
+from fly_runtime.backends.native_widen import BLOCK_BYTES
 from fly_runtime.sources.gguf_graph import Unsupported, read_layout
 from fly_runtime.sources.gguf_index import read_index
 
@@ -106,11 +110,52 @@ def _widen(rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+class _Part(NamedTuple):
+    """A GGUF matrix [rows, cols] as the mapped file holds it: ``data`` its blocks (uint8) or floats, row by row."""
+
+    kind: int
+    data: np.ndarray
+    rows: int
+    cols: int
+
+
+def _mapped(tensor) -> _Part:
+    """A GGUF matrix left in the mapped file (no copy), for ``_widen_parts``."""
+    kind, cols = int(tensor.tensor_type), int(tensor.shape[0])
+    rows = int(np.prod(tensor.shape[1:]))
+    if kind not in BLOCK_BYTES and kind not in (F32, F16):
+        raise _NotWidened(f"a matrix of ggml type {kind}")
+    return _Part(kind, np.asarray(tensor.data), rows, cols)
+
+
+def _widen_parts(parts: list[_Part], out: torch.Tensor) -> torch.Tensor:
+    """Matrices stacked by rows into ``out`` bfloat16 [sum of rows, cols]: Q4_K / Q6_K blocks in C, floats by PyTorch
+    (float32 rounded to nearest, as the other kinds of kept weights are)."""
+    at = 0
+    for part in parts:
+        rows = out[at:at + part.rows]
+        if part.kind in BLOCK_BYTES:
+            native_widen.widen(part.kind, part.data, rows, torch.get_num_threads())
+        else:  # read-only mapped floats, only read here
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                rows.copy_(torch.from_numpy(part.data.reshape(part.rows, part.cols)))
+        at += part.rows
+    return out
+
+
 def _vector(tensor) -> torch.Tensor:
     return torch.from_numpy(np.asarray(tensor.data, np.float32).copy())
 
 
-WEIGHTS = ("int8", "bf16")  # how the reader keeps its matrices: int8 rows and a scale a row, or bfloat16
+# how the reader keeps its matrices: the GGUF's own blocks, widened to bfloat16 in C each read (native_widen.py; where
+# it builds and the file holds only the types it widens, else int8 rows), int8 rows and a scale a row, or bfloat16
+WEIGHTS = ("gguf", "int8", "bf16")
+F32, F16 = 0, 1  # ggml type ids widened by PyTorch from the mapped file (Q4_K, Q6_K: in C)
+
+
+class _NotWidened(Exception):
+    """The GGUF holds a matrix type the reader does not widen from the file, or no C compiler built the widening."""
 
 
 class _Layer:
@@ -138,6 +183,8 @@ class _Layer:
                             ("gate_up", ["ffn_gate.weight", "ffn_up.weight"]), ("down", ["ffn_down.weight"])):
             if kept_as == "bf16":
                 weights[name] = joined(parts).to(BF16)
+            elif kept_as == "gguf":  # the mapped file's blocks, a part each
+                weights[name] = [_mapped(t(n)) for n in parts]
             else:
                 weights[name], weights[f"{name}_scale"] = _int8_rows(joined(parts))
         biases = [tensors.get(f"blk.{i}.attn_{p}.bias") for p in "qkv"]
@@ -154,6 +201,11 @@ class _Layer:
         out = {}
         for m in self.MATRICES:
             rows = getattr(self, m)
+            if isinstance(rows, list):  # the GGUF's blocks, part after part
+                if m not in scratch:
+                    scratch[m] = torch.empty(sum(part.rows for part in rows), rows[0].cols, dtype=BF16)
+                out[m] = _widen_parts(rows, scratch[m])
+                continue
             if rows.dtype == BF16:
                 out[m] = rows
                 continue
@@ -174,14 +226,37 @@ def weights_file(gguf_path: Path, folder: Path, kept_as: str = "int8") -> Path:
     return folder / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}-v{WEIGHTS_VERSION}{tag}.safetensors"
 
 
-class PromptReader:
-    """Computes the keys and values of prompt tokens (``read``), from a GGUF's weights kept as int8 rows, in
-    bfloat16 products."""
+def _kept_layers(gguf_path: Path, cache: Path | None, kept_as: str, tensors: dict, layers: int) -> list[_Layer]:
+    """The layers as int8 rows or bfloat16, read back from ``cache`` where kept there, else converted from the GGUF
+    (and kept)."""
+    kept = weights_file(gguf_path, cache, kept_as) if cache is not None else None
+    if kept is not None and kept.is_file():
+        from safetensors.torch import load_file
 
-    def __init__(self, gguf_path: Path, cache: Path | None = None, kept_as: str = "int8") -> None:
-        """``cache``: a folder where the weights, once converted, are kept for the next opening (a byte a weight;
-        reading them back takes a second or two where converting the GGUF takes 15 s for a 1.5B). ``kept_as``:
-        ``"int8"`` rows, or ``"bf16"`` (twice the memory; no widening: reads of a few hundred tokens 20-40% faster)."""
+        saved = load_file(str(kept))
+        return [_Layer({f: saved[f"{i}.{f}"] for f in _Layer.FIELDS if f"{i}.{f}" in saved}) for i in range(layers)]
+    converted = [_Layer.from_gguf(tensors, i, kept_as) for i in range(layers)]
+    if kept is not None:
+        from safetensors.torch import save_file
+
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        scratch = kept.with_suffix(f".{os.getpid()}.partial")
+        save_file({k: v for i, layer in enumerate(converted) for k, v in layer.named(i).items()}, str(scratch))
+        scratch.replace(kept)
+        _remove_stale(gguf_path, kept.parent, kept)
+    return converted
+
+
+class PromptReader:
+    """Computes the keys and values of prompt tokens (``read``), from a GGUF's weights widened to bfloat16 once a read
+    (from the file's own blocks, or from int8 rows), in bfloat16 products."""
+
+    def __init__(self, gguf_path: Path, cache: Path | None = None, kept_as: str = "gguf") -> None:
+        """``kept_as``: ``"gguf"``, the mapped file's own blocks widened in C (nothing kept beside the file; where the
+        widening does not build or the file holds other types, int8 rows instead: ``kept_as`` says which), ``"int8"``
+        rows, or ``"bf16"`` (twice int8's memory; no widening: reads of a few hundred tokens 20-40% faster).
+        ``cache``: a folder where int8 or bfloat16 weights, once converted, are kept for the next opening (reading
+        them back takes a second or two where converting the GGUF takes 15 s for a 1.5B)."""
         if kept_as not in WEIGHTS:
             raise ValueError(f"the prompt reader keeps its weights as one of {WEIGHTS}, not {kept_as!r}")
         fields, tensors = read_index(gguf_path)
@@ -193,23 +268,19 @@ class PromptReader:
         embedding = tensors["token_embd.weight"]
         self._embedding_kind = int(embedding.tensor_type)
         self._embedding = np.asarray(embedding.data).reshape(int(np.prod(embedding.shape[1:])), -1)
-        kept = weights_file(gguf_path, cache, kept_as) if cache is not None else None
-        if kept is not None and kept.is_file():
-            from safetensors.torch import load_file
-
-            saved = load_file(str(kept))
-            self.layers = [_Layer({f: saved[f"{i}.{f}"] for f in _Layer.FIELDS if f"{i}.{f}" in saved})
-                           for i in range(layout.layers)]
-        else:
-            self.layers = [_Layer.from_gguf(tensors, i, kept_as) for i in range(layout.layers)]
-            if kept is not None:
-                from safetensors.torch import save_file
-
-                kept.parent.mkdir(parents=True, exist_ok=True)
-                scratch = kept.with_suffix(f".{os.getpid()}.partial")
-                save_file({k: v for i, layer in enumerate(self.layers) for k, v in layer.named(i).items()}, str(scratch))
-                scratch.replace(kept)
-                _remove_stale(gguf_path, kept)
+        if kept_as == "gguf":
+            try:
+                if not native_widen.available():
+                    raise _NotWidened("no C compiler built the widening")
+                self.layers = [_Layer.from_gguf(tensors, i, kept_as) for i in range(layout.layers)]
+            except _NotWidened:
+                kept_as = "int8"  # kept as int8 rows instead (a byte a weight)
+            else:
+                if cache is not None and cache.is_dir():  # weights kept otherwise before: nothing reads them now
+                    _remove_stale(gguf_path, cache)
+        if kept_as != "gguf":
+            self.layers = _kept_layers(gguf_path, cache, kept_as, tensors, layout.layers)
+        self.kept_as = kept_as
         self._inv_freq = layout.rope_base ** (-torch.arange(0, layout.head_dim, 2, dtype=torch.float64)
                                               / layout.head_dim)
 
@@ -291,13 +362,14 @@ def _scaled(out: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     return out if scale is None else out.mul_(scale)
 
 
-def _remove_stale(gguf_path: Path, kept: Path) -> None:
-    """Removes the weights kept for ``gguf_path`` by other versions of the layout or of the file (the name's size
-    and date), or kept otherwise (int8 rows, bfloat16): nothing reads them again until the setting changes back."""
+def _remove_stale(gguf_path: Path, folder: Path, kept: Path | None = None) -> None:
+    """Removes from ``folder`` the weights kept for ``gguf_path`` but ``kept``: by other versions of the layout or of
+    the file (the name's size and date), or kept otherwise (int8 rows, bfloat16; any, where the reader widens the
+    GGUF's own blocks): nothing reads them again until the setting changes back."""
     import re
 
     pattern = re.compile(rf"{re.escape(gguf_path.stem)}-\d+-\d+-v\d+(-[a-z0-9]+)?\.safetensors")
-    for other in kept.parent.iterdir():
+    for other in folder.iterdir():
         if other != kept and pattern.fullmatch(other.name):
             other.unlink(missing_ok=True)
 
@@ -417,7 +489,7 @@ class ReaderSlot:
     GAIN = 1.5
 
     def __init__(self, gguf_path: Path, reader_ms: float, open_seconds: float, cache: Path | None = None,
-                 kept_as: str = "int8") -> None:
+                 kept_as: str = "gguf") -> None:
         self.gguf_path, self.cache, self.kept_as = gguf_path, cache, kept_as
         self._shared = _Shared(reader_ms, open_seconds)
         self._shared.slots.append(self)
@@ -426,7 +498,7 @@ class ReaderSlot:
 
     @classmethod
     def for_model(cls, gguf_path: Path, product: float, cache: Path | None = None,
-                  kept_as: str = "int8") -> "ReaderSlot | None":
+                  kept_as: str = "gguf") -> "ReaderSlot | None":
         """A slot for a GGUF's model priced from this machine's timed product, or None where the reader does not
         compute that model; its weights kept in ``cache`` as ``kept_as`` (then opening costs a read of them, not a
         conversion)."""
@@ -434,7 +506,9 @@ class ReaderSlot:
             params = readable_params(gguf_path)
         except Unsupported:
             return None
-        kept = cache is not None and weights_file(gguf_path, cache, kept_as).is_file()
+        # the GGUF's own blocks open as kept weights do (a read of the mapped file on first use; int8 rows converted
+        # instead only where the widening does not build, once)
+        kept = kept_as == "gguf" or (cache is not None and weights_file(gguf_path, cache, kept_as).is_file())
         opening = params * (cls.SECONDS_PER_PARAM_KEPT if kept else cls.SECONDS_PER_PARAM)
         return cls(gguf_path, predicted_ms_per_token(params, product), opening, cache, kept_as)
 

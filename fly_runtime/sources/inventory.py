@@ -69,6 +69,9 @@ def inventory(in_use: dict[str, str], root: Path | None = None) -> list[Entry]:
         entries.append(Entry(path, _size(path), "weights of the prompt reader (FLY_PROMPT_READER), kept "
                                                 "so that it opens in seconds: converted again from the GGUF when needed",
                              False))
+    if (root / "kernels").is_dir():
+        entries.append(Entry(root / "kernels", _size(root / "kernels"),
+                             "the prompt reader's widening, compiled for this CPU (built again in a second)", True))
     if (root / "test-fixtures").is_dir():
         entries.append(Entry(root / "test-fixtures", _size(root / "test-fixtures"),
                              "inputs fly's own test suite made once (an optimum export): made again when it runs", False))

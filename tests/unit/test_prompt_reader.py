@@ -115,7 +115,7 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
 def test_reader_computes_the_models_keys_and_values(tiny):
     path, w = tiny
     ids = [3, 17, 5, 42, 8, 8, 1, 30, 12, 7, 44, 2, 9]
-    keys, values = PromptReader(path).read(ids)
+    keys, values = PromptReader(path, kept_as="int8").read(ids)
     want_k, want_v = reference_kv(w, ids)
     assert len(keys) == LAYERS and keys[0].shape == (len(ids), KV_HEADS * HEAD_DIM) and keys[0].dtype == np.float16
     for got, want in zip(keys + values, want_k + want_v):
@@ -129,7 +129,7 @@ def test_reader_computes_the_models_keys_and_values(tiny):
 def test_a_read_after_cached_positions_equals_one_read(tiny):
     path, w = tiny
     ids = [3, 17, 5, 42, 8, 8, 1, 30, 12, 7, 44, 2, 9]
-    reader = PromptReader(path)
+    reader = PromptReader(path, kept_as="int8")
     first_k, first_v = reader.read(ids[:6])
     rest_k, rest_v = reader.read(ids[6:], first_k, first_v)
     want_k, want_v = reference_kv(w, ids)
@@ -166,17 +166,17 @@ def test_weights_kept_in_the_cache_open_the_same_reader(tiny, tmp_path):
     other = tmp_path / "reader" / f"{path.stem}-q8-123-456-v1.safetensors"  # another model's, named alike
     stale.write_bytes(b"old")
     other.write_bytes(b"other")
-    converted = PromptReader(path, cache=tmp_path / "reader")
+    converted = PromptReader(path, cache=tmp_path / "reader", kept_as="int8")
     kept = weights_file(path, tmp_path / "reader")
     assert kept.is_file() and not list(kept.parent.glob("*.partial"))
     assert not stale.exists() and other.read_bytes() == b"other"
-    reopened = PromptReader(path, cache=tmp_path / "reader")
+    reopened = PromptReader(path, cache=tmp_path / "reader", kept_as="int8")
     for a, b in zip(converted.read(ids)[0] + converted.read(ids)[1], reopened.read(ids)[0] + reopened.read(ids)[1]):
         assert (a == b).all()
     [entry] = [e for e in inventory({}, tmp_path) if e.path == kept]
     assert entry.size == kept.stat().st_size and not entry.needed  # `fly models prune` may delete it
-    assert ReaderSlot.for_model(path, 7.0, tmp_path / "reader").open_seconds < \
-        ReaderSlot.for_model(path, 7.0, tmp_path / "elsewhere").open_seconds  # priced as a read, not a conversion
+    assert ReaderSlot.for_model(path, 7.0, tmp_path / "reader", "int8").open_seconds < \
+        ReaderSlot.for_model(path, 7.0, tmp_path / "elsewhere", "int8").open_seconds  # priced as a read, not a conversion
 
 
 def test_q4_k_and_q6_k_decode_as_gguf_py_does():
@@ -200,6 +200,56 @@ def test_q4_k_and_q6_k_decode_as_gguf_py_does():
         assert np.allclose(got, want, rtol=1e-6, atol=1e-7), kind
 
 
+def test_the_ggufs_own_blocks_widen_in_c_as_the_python_decoders_do():
+    """The C widening of Q4_K and Q6_K blocks (native_widen.py) gives the reader's PyTorch decoders' values rounded to
+    bfloat16, bit for bit, on random blocks."""
+    from fly_runtime.backends import native_widen
+    from fly_runtime.backends.bf16_reader import _q4_k, _q6_k
+
+    if not native_widen.available():
+        pytest.skip("no C compiler here: the reader keeps int8 rows (tested above)")
+    rng = np.random.default_rng(4)
+    for kind, decode, scales in ((native_widen.Q4_K, _q4_k, (0, 2)), (native_widen.Q6_K, _q6_k, (208,))):
+        size = native_widen.BLOCK_BYTES[kind]
+        blocks = rng.integers(0, 256, (40, size), dtype=np.uint8)
+        for at in scales:  # finite float16 scales, subnormal ones among them
+            values = rng.uniform(-0.05, 0.05, 40).astype(np.float16)
+            values[:4] = np.float16(3e-6) * np.arange(1, 5)
+            blocks[:, at:at + 2] = np.frombuffer(values.tobytes(), np.uint8).reshape(40, 2)
+        out = torch.empty(40 * 256, dtype=torch.bfloat16)
+        native_widen.widen(kind, blocks, out, threads=2)
+        want = decode(torch.from_numpy(blocks)).reshape(-1).to(torch.bfloat16)
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16)), kind
+    with pytest.raises(ValueError, match="contiguous values"):
+        native_widen.widen(native_widen.Q4_K, blocks, torch.empty(5, dtype=torch.bfloat16))
+
+
+def test_a_reader_on_the_ggufs_own_weights_keeps_nothing_beside_the_file(tiny, tmp_path, monkeypatch):
+    """The default: the matrices widened from the mapped GGUF each read, so the keys and values are those of the
+    weights kept in bfloat16, bit for bit, with nothing written to the cache, and weights kept otherwise before are
+    removed; opening is priced as a read. Where the widening cannot build, int8 rows are kept instead."""
+    from fly_runtime.backends import native_widen
+    from fly_runtime.backends.bf16_reader import weights_file
+
+    path, w = tiny
+    ids = [3, 17, 5, 42, 8, 8, 1, 30, 12, 7, 44, 2, 9]
+    folder = tmp_path / "reader"
+    PromptReader(path, cache=folder, kept_as="int8")
+    assert weights_file(path, folder).is_file()
+    if not native_widen.available():
+        pytest.skip("no C compiler here")
+    own = PromptReader(path, cache=folder)
+    assert own.kept_as == "gguf" and not list(folder.iterdir())
+    bf16 = PromptReader(path, kept_as="bf16")
+    for a, b in zip(sum(own.read(ids), []), sum(bf16.read(ids), [])):
+        assert (a == b).all()
+    # opening priced as a read of the file, not as converting it to int8 rows
+    assert ReaderSlot.for_model(path, 7.0, None).open_seconds < ReaderSlot.for_model(path, 7.0, None, "int8").open_seconds
+    monkeypatch.setattr(native_widen, "available", lambda: False)
+    fallback = PromptReader(path, cache=folder)
+    assert fallback.kept_as == "int8" and weights_file(path, folder).is_file()
+
+
 def test_reads_longer_than_a_chunk_and_a_query_block(tiny, monkeypatch):
     from fly_runtime.backends import bf16_reader
 
@@ -207,7 +257,7 @@ def test_reads_longer_than_a_chunk_and_a_query_block(tiny, monkeypatch):
     monkeypatch.setattr(bf16_reader, "QUERY_BLOCK", 3)
     path, w = tiny
     ids = [int(i) for i in np.random.default_rng(1).integers(0, VOCAB, 17)]
-    keys, values = PromptReader(path).read(ids)
+    keys, values = PromptReader(path, kept_as="int8").read(ids)
     want_k, want_v = reference_kv(w, ids)
     for got, want in zip(keys + values, want_k + want_v):
         assert relative_error(got, want) < 0.02
@@ -318,7 +368,7 @@ def test_weights_kept_in_bfloat16_compute_the_ggufs_own_and_replace_the_int8_row
     path, w = tiny
     ids = [3, 17, 5, 42, 8, 8, 1, 30, 12, 7, 44, 2, 9]
     folder = tmp_path / "reader"
-    int8 = PromptReader(path, cache=folder)
+    int8 = PromptReader(path, cache=folder, kept_as="int8")
     bf16 = PromptReader(path, cache=folder, kept_as="bf16")
     assert weights_file(path, folder, "bf16").is_file() and not weights_file(path, folder).is_file()
     assert {layer.qkv.dtype for layer in bf16.layers} == {torch.bfloat16} and bf16.layers[0].qkv_scale is None
@@ -328,7 +378,7 @@ def test_weights_kept_in_bfloat16_compute_the_ggufs_own_and_replace_the_int8_row
     for got, rounded, want in zip(got_k + got_v, rounded_k + rounded_v, exact_k + exact_v):
         assert relative_error(got, want) < 0.02  # bfloat16 products alone (as before int8 rows)
         assert relative_error(got, want) < relative_error(rounded, want)  # the int8 rows' rounding is gone
-    PromptReader(path, cache=folder)
+    PromptReader(path, cache=folder, kept_as="int8")
     assert weights_file(path, folder).is_file() and not weights_file(path, folder, "bf16").is_file()
     with pytest.raises(ValueError, match="int8"):
         PromptReader(path, kept_as="fp16")
@@ -341,7 +391,7 @@ def test_a_prompt_reader_setting_that_is_none_of_them_is_one_clear_error(monkeyp
     from fly_runtime.loader import _prompt_readers
 
     no_gguf = SimpleNamespace(gguf=None)
-    for setting in ("0", "1", "int8", "bf16", " BF16 "):
+    for setting in ("0", "1", "gguf", "int8", "bf16", " BF16 "):
         monkeypatch.setenv("FLY_PROMPT_READER", setting)
         assert _prompt_readers(no_gguf) == {}
     monkeypatch.setenv("FLY_PROMPT_READER", "fp16")
