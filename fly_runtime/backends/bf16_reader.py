@@ -9,11 +9,12 @@ oneDNN products read prompts faster (AMX-BF16 on an Intel Xeon: five to six time
 docs/design.md).
 A step of a bfloat16 model reads twice an 8-bit model's bytes, so the writing stays on llama.cpp. Both compute
 the GGUF's weights, and the reader hands over keys after rotary and values in llama.cpp's own rows
-(llama_cpp_state.py). It keeps them as int8 rows with a scale a row (a byte a weight: 1.3 GB for the 1.5B, half
-of bfloat16's) and widens each layer's to bfloat16 once a read (0.2 s a read for the 1.5B); its cells make
-llama.cpp pick the model's tokens as often as its own read's do (docs/design.md, "The prompt reader"). Kept in
-bfloat16 instead (``FLY_PROMPT_READER=bf16``) it skips the widening. It holds no LM head: the last prompt token,
-whose logits are wanted, is llama.cpp's; and no embedding table beyond the GGUF's quantised rows, decoded per prompt.
+(llama_cpp_state.py). It keeps no weights of its own: each read widens each layer's blocks in the mapped GGUF to
+bfloat16 once (native_widen.py, in C: the pages llama.cpp's file already holds, 0.79 GB for the 1.5B's layers), so
+it computes the GGUF's exact weights (docs/design.md, "The prompt reader"). Where that C does not build, it keeps
+int8 rows with a scale a row instead (a byte a weight: 1.3 GB), or bfloat16 weights (``FLY_PROMPT_READER=bf16``,
+no widening). It holds no LM head: the last prompt token, whose logits are wanted, is llama.cpp's; and no
+embedding table beyond the GGUF's quantised rows, decoded per prompt.
 
 ``ReaderSlot`` decides where it runs: opened once the reads it would have sped up add up to its opening, used
 while it reads at least ``GAIN`` times faster than llama.cpp does on this machine.
