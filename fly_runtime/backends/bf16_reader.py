@@ -160,8 +160,8 @@ class _NotWidened(Exception):
 
 
 class _Layer:
-    """One decoder layer: norms, and each matrix as int8 rows with a float32 scale a row (``_int8_rows``), or in
-    bfloat16 (no scale)."""
+    """One decoder layer: norms, and each matrix as the mapped GGUF's parts (``_Part``, no scale), int8 rows with a
+    float32 scale a row (``_int8_rows``), or in bfloat16 (no scale)."""
 
     MATRICES = ("qkv", "o", "gate_up", "down")
     FIELDS = ("attn_norm", "ffn_norm", "qkv_bias") + MATRICES + tuple(f"{m}_scale" for m in MATRICES)
@@ -197,8 +197,8 @@ class _Layer:
         return {f"{i}.{f}": getattr(self, f) for f in self.FIELDS if getattr(self, f) is not None}
 
     def widened(self, scratch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The layer's matrices in bfloat16 (unscaled), int8 rows written into ``scratch``'s buffers (made on first
-        use)."""
+        """The layer's matrices in bfloat16 (unscaled), the GGUF's blocks or int8 rows widened into ``scratch``'s buffers
+        (made on first use)."""
         out = {}
         for m in self.MATRICES:
             rows = getattr(self, m)

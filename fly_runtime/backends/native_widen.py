@@ -13,6 +13,7 @@ keeps int8 rows as before.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -135,11 +136,11 @@ def _build(folder: Path) -> Path | None:
     library = folder / f"widen-{tag}.so"
     if library.is_file():
         return library
-    folder.mkdir(parents=True, exist_ok=True)
     source = folder / f"widen-{tag}.{os.getpid()}.c"
     partial = library.with_suffix(f".{os.getpid()}.partial")
-    source.write_text(SOURCE)
     try:
+        folder.mkdir(parents=True, exist_ok=True)  # a read-only cache: no widening (int8 rows instead)
+        source.write_text(SOURCE)
         for flags in (["-march=native", "-fopenmp"], ["-fopenmp"], []):  # the fastest this compiler takes
             done = subprocess.run([compiler, "-O3", *flags, "-ffp-contract=off", "-shared", "-fPIC", "-o",
                                    str(partial), str(source)], capture_output=True, timeout=120)
@@ -149,8 +150,9 @@ def _build(folder: Path) -> Path | None:
     except (OSError, subprocess.SubprocessError):
         pass
     finally:
-        source.unlink(missing_ok=True)
-        partial.unlink(missing_ok=True)
+        for leftover in (source, partial):
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)
     return None
 
 
