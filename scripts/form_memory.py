@@ -44,9 +44,10 @@ def main() -> None:
     report("start")
     from fly_runtime.backends.bf16_reader import PromptReader
     from fly_runtime.backends.registry import open_target
-    from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET, load_tokenizer
+    from fly_runtime.loader import DEFAULT_DRAFT, DEFAULT_TARGET, ROUTED_CONTEXT, load_tokenizer
     from fly_runtime.sources import resolve_model
     from fly_runtime.sources.cache import cache_dir
+    from fly_runtime.tuning import BATCH_CANDIDATES
 
     report("imports")
     model = resolve_model(DEFAULT_TARGET)
@@ -66,7 +67,8 @@ def main() -> None:
         if form == "draft":
             backend = open_target(resolve_model(DEFAULT_DRAFT), "int4")
         elif form == "gguf":
-            backend = open_target(model, "gguf", sequences=16, context=8192)  # as a routed engine holds it
+            # as a routed engine holds it
+            backend = open_target(model, "gguf", sequences=max(BATCH_CANDIDATES), context=ROUTED_CONTEXT)
         else:
             backend = open_target(model, form)
         report(f"opened {form}")

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from fly_runtime.backends import native_widen
-from fly_runtime.backends.native_widen import BLOCK_BYTES
+from fly_runtime.backends.native_widen import BLOCK_BYTES, Q4_K, Q6_K  # the two types a Q4_K_M file holds
 from fly_runtime.sources.gguf_graph import Unsupported, read_layout
 from fly_runtime.sources.gguf_index import read_index
 
@@ -42,9 +42,6 @@ CHUNK = 512  # prompt positions read at a time through a layer: bounds the activ
 # for the 1.5B), so fewer, longer reads; 1,024 tokens take about as long as llama.cpp's own 128-token pass
 READ_CHUNK = 1024
 BF16 = torch.bfloat16
-
-
-Q4_K, Q6_K = 12, 14  # ggml type ids: the two a Q4_K_M file is made of
 
 
 def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
@@ -75,7 +72,7 @@ def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
     return (q * (d * scale)[:, :, None]).reshape(-1, 256)
 
 
-_DECODERS = {Q4_K: (144, _q4_k), Q6_K: (210, _q6_k)}
+_DECODERS = {Q4_K: _q4_k, Q6_K: _q6_k}
 
 
 def _matrix(tensor) -> torch.Tensor:
@@ -85,7 +82,7 @@ def _matrix(tensor) -> torch.Tensor:
     raw = np.asarray(tensor.data).reshape(rows, -1)
     kind = int(tensor.tensor_type)
     if kind in _DECODERS:
-        size, decode = _DECODERS[kind]
+        size, decode = BLOCK_BYTES[kind], _DECODERS[kind]
         blocks = torch.from_numpy(np.array(raw)).view(-1, size)  # a copy: the mapped file is read-only
         return decode(blocks).reshape(rows, -1)
     from gguf import GGMLQuantizationType
@@ -197,8 +194,8 @@ class _Layer:
         return {f"{i}.{f}": getattr(self, f) for f in self.FIELDS if getattr(self, f) is not None}
 
     def widened(self, scratch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The layer's matrices in bfloat16 (unscaled), the GGUF's blocks or int8 rows widened into ``scratch``'s buffers
-        (made on first use)."""
+        """The layer's matrices in bfloat16 (unscaled), the GGUF's blocks or int8 rows widened into ``scratch``'s
+        buffers (made on first use)."""
         out = {}
         for m in self.MATRICES:
             rows = getattr(self, m)

@@ -244,7 +244,8 @@ def test_a_reader_on_the_ggufs_own_weights_keeps_nothing_beside_the_file(tiny, t
     for a, b in zip(sum(own.read(ids), []), sum(bf16.read(ids), [])):
         assert (a == b).all()
     # opening priced as a read of the file, not as converting it to int8 rows
-    assert ReaderSlot.for_model(path, 7.0, None).open_seconds < ReaderSlot.for_model(path, 7.0, None, "int8").open_seconds
+    assert ReaderSlot.for_model(path, 7.0, None).open_seconds < \
+        ReaderSlot.for_model(path, 7.0, None, "int8").open_seconds
     monkeypatch.setattr(native_widen, "available", lambda: False)
     fallback = PromptReader(path, cache=folder)
     assert fallback.kept_as == "int8" and weights_file(path, folder).is_file()
