@@ -17,6 +17,14 @@ import torch
 from fly_runtime.errors import InvalidSettingsError
 
 
+def blank_token_mask(tokenizer, vocab_size: int) -> torch.Tensor:
+    """A bool mask over the vocabulary: True where a token's text is whitespace alone (what may trail a JSON value)."""
+    from fly_runtime.numbers import token_texts
+
+    return torch.tensor([bool(text) and text.isspace() for text in token_texts(tokenizer, vocab_size)],
+                        dtype=torch.bool)
+
+
 def grammar_tokenizer(tokenizer, vocab_size: int, eos_token_ids: Sequence[int]):
     """llguidance's view of ``tokenizer`` (about a second to build: an engine keeps one)."""
     import llguidance.hf
@@ -43,10 +51,15 @@ def laid_out(schema: dict) -> dict:
 
 class JsonConstraint:
     def __init__(self, grammar_tokenizer, schema: str | None, vocab_size: int, eos_token_ids: Sequence[int],
-                 lark: str | None = None) -> None:
-        """A JSON ``schema`` (a JSON string), or a ``lark`` grammar in llguidance's dialect."""
+                 lark: str | None = None, blank: torch.Tensor | None = None) -> None:
+        """A JSON ``schema`` (a JSON string), or a ``lark`` grammar in llguidance's dialect. ``blank``: the
+        whitespace tokens (``blank_token_mask``), with which a schema's reply ends as soon as its value is whole."""
         import llguidance
 
+        # a JSON value once whole may be followed by whitespace alone (TRAILING), which nobody reads: the reply ends
+        # there instead of after a step that picks the end-of-sequence token (a user's grammar may mean its
+        # whitespace, so it decides its own end)
+        self._blank = blank if lark is None else None
         if lark is None:  # GenerationConfig has checked that the schema is a JSON object
             lark = f"start: value {TRAILING}\nvalue: %json {json.dumps(laid_out(json.loads(schema)))}"
         try:
@@ -96,11 +109,29 @@ class JsonConstraint:
             tokens += self.tokenizer.tokenize_bytes(text[len(written):])
         return tokens
 
-    def commit(self, token_ids: Sequence[int]) -> None:
-        if token_ids and not self.matcher.consume_tokens(list(token_ids)):
-            raise AssertionError(f"a committed token broke the grammar: {self.matcher.get_error()}")
+    def commit(self, token_ids: Sequence[int]) -> int:
+        """Advance over ``token_ids``; how many of them were taken: all, or (with ``blank``) those up to the one
+        that made the value whole, so that a pass committing the value's end and whitespace after it ends where a
+        step at a time would."""
+        if self._blank is None or len(token_ids) <= 1:
+            taken = len(token_ids)
+            if token_ids and not self.matcher.consume_tokens(list(token_ids)):
+                raise AssertionError(f"a committed token broke the grammar: {self.matcher.get_error()}")
+            return taken
+        for taken, token in enumerate(token_ids, 1):
+            if not self.matcher.consume_token(token):
+                raise AssertionError(f"a committed token broke the grammar: {self.matcher.get_error()}")
+            if self.finished:
+                return taken
+        return len(token_ids)
 
     @property
     def finished(self) -> bool:
-        """The value is complete and nothing may follow it."""
-        return self.matcher.is_stopped()
+        """The value is complete and nothing may follow it (with ``blank``: nothing but whitespace)."""
+        if self.matcher.is_stopped():
+            return True
+        if self._blank is None or not self.matcher.is_accepting():
+            return False
+        more = self.allowed() & ~self._blank
+        more[sorted(self.eos)] = False
+        return not bool(more.any())

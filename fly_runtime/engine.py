@@ -27,7 +27,7 @@ from fly_runtime.adaptive import CostProfile, DeferredRead
 from fly_runtime.backends.base import CachedSequence
 from fly_runtime.batching import Slots
 from fly_runtime.config import CODE_FENCE, GenerationConfig
-from fly_runtime.constraint import JsonConstraint, grammar_tokenizer
+from fly_runtime.constraint import JsonConstraint, blank_token_mask, grammar_tokenizer
 from fly_runtime.drafters import Draft, Drafter, DraftShape, ReplyHistory
 from fly_runtime.errors import EngineBusyError, FlyWarning, InvalidPromptError, InvalidSettingsError
 from fly_runtime.numbers import digit_token_mask
@@ -204,6 +204,7 @@ class FlyEngine:
         self.learned = primary.learned  # prices measured on this machine, kept across requests (each form its own)
         self._digit_tokens: torch.Tensor | None = None  # built on the first FLy request that protects numbers
         self._grammar_tokenizer = None  # built on the first structured request
+        self._blank_tokens: torch.Tensor | None = None  # the whitespace tokens, with it
 
     # ----------------------------------------------------------------------------------------------- API
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig) -> GenerationStream:
@@ -370,8 +371,9 @@ class FlyEngine:
         if config.json_schema is not None or config.grammar is not None:
             if self._grammar_tokenizer is None:
                 self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
+                self._blank_tokens = blank_token_mask(self.tokenizer, self.vocab_size)
             request.constraint = JsonConstraint(self._grammar_tokenizer, config.json_schema, self.vocab_size,
-                                                self.eos_token_ids, lark=config.grammar)
+                                                self.eos_token_ids, lark=config.grammar, blank=self._blank_tokens)
         return request
 
     def _prefill(self, request: _Request) -> list[int]:
@@ -551,12 +553,13 @@ class _Request:
                 new, ended = new[:i], True
                 break
         new = new[: self.remaining]
+        if self.constraint is not None:
+            whole = self.constraint.commit(new)  # a value whole before the last token: what trails it is dropped
+            new = new[:whole]
+            ended = ended or self.constraint.finished
         self.committed.extend(new)
         if self.checks.spans is not None:
             self.checks.spans.commit(new)
-        if self.constraint is not None:
-            self.constraint.commit(new)
-            ended = ended or self.constraint.finished
         piece = self.text.push(new)
         if ended or self.text.stopped:
             self.finish = "stop"

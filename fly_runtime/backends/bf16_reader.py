@@ -442,10 +442,17 @@ def product_ms(repeats: int = 5) -> float:
 def readable_params(gguf_path: Path) -> int:
     """Weights of a GGUF's decoder layers (what a read multiplies every token by); ``Unsupported`` where the
     reader does not compute this model (its family, interleaved rotary pairs)."""
+    return _decoder_matrices(gguf_path)[0]
+
+
+def _decoder_matrices(gguf_path: Path) -> tuple[int, bool]:
+    """(weights of the decoder layers' matrices, whether every one of them is a type widened from the file)."""
     fields, tensors = read_index(gguf_path)
     if read_layout(fields, tensors).interleaved:
         raise Unsupported("rotary pairs interleaved (a Llama GGUF's permuted rows)")
-    return sum(int(np.prod(t.shape)) for t in tensors.values() if t.name.startswith("blk.") and len(t.shape) == 2)
+    matrices = [t for t in tensors.values() if t.name.startswith("blk.") and len(t.shape) == 2]
+    widened = all(int(t.tensor_type) in (*BLOCK_BYTES, F32, F16) for t in matrices)
+    return sum(int(np.prod(t.shape)) for t in matrices), widened
 
 
 def predicted_ms_per_token(params: int, product: float) -> float:
@@ -481,6 +488,9 @@ class ReaderSlot:
     LEARN_RATE = 0.3
     SECONDS_PER_PARAM = 11e-9  # opening: each weight dequantised and rounded to int8 rows (14 s for the 1.5B)
     SECONDS_PER_PARAM_KEPT = 2e-9  # opening from the weights kept by an earlier opening (mapped, read on first use)
+    # opening on the GGUF's own blocks: the file mapped and indexed (0.03 s for the 1.5B), its pages, mostly held
+    # already for the target's own form, touched by the first read (0.08 s more than the next read)
+    SECONDS_PER_PARAM_MAPPED = 1e-10
     # a reader is worth its memory (a byte a weight) where it reads at least this much faster: a read-heavy turn
     # (a RAG answer, a tool call) then comes out about 1.4x faster. At 2.0 it was dropped on the Zen 4 EPYC, whose
     # reads it makes 1.6-1.7x faster (llama.cpp's own 13 ms a token once learned, tuning's 17)
@@ -501,13 +511,15 @@ class ReaderSlot:
         compute that model; its weights kept in ``cache`` as ``kept_as`` (then opening costs a read of them, not a
         conversion)."""
         try:
-            params = readable_params(gguf_path)
+            params, widened = _decoder_matrices(gguf_path)
         except Unsupported:
             return None
-        # the GGUF's own blocks open as kept weights do (a read of the mapped file on first use; int8 rows converted
-        # instead only where the widening does not build, once)
-        kept = kept_as == "gguf" or (cache is not None and weights_file(gguf_path, cache, kept_as).is_file())
-        opening = params * (cls.SECONDS_PER_PARAM_KEPT if kept else cls.SECONDS_PER_PARAM)
+        if kept_as == "gguf" and widened and native_widen.buildable():  # the file's own blocks: mapped, nothing made
+            opening = params * cls.SECONDS_PER_PARAM_MAPPED
+        else:  # int8 rows (where the widening cannot serve this file or machine) or bfloat16: converted once, then kept
+            stored = "int8" if kept_as == "gguf" else kept_as
+            kept = cache is not None and weights_file(gguf_path, cache, stored).is_file()
+            opening = params * (cls.SECONDS_PER_PARAM_KEPT if kept else cls.SECONDS_PER_PARAM)
         return cls(gguf_path, predicted_ms_per_token(params, product), opening, cache, kept_as)
 
     def for_form(self, own_ms: float | None = None) -> "ReaderSlot":

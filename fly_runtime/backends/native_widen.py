@@ -177,6 +177,12 @@ def _load() -> ctypes.CDLL | None:
         return _library
 
 
+def buildable() -> bool:
+    """Whether the library is built or a compiler is there to build it (nothing is built here: a cheap guess)."""
+    return _library is not None or (not _tried and bool(os.environ.get("CC") or shutil.which("cc")
+                                                         or shutil.which("gcc")))
+
+
 def available() -> bool:
     """Whether the widening library is built (or builds now) on this machine."""
     return _load() is not None

@@ -59,6 +59,9 @@ def test_the_grammar_keeps_exact_decoding_identical_to_plain_decoding(exact_engi
                  for mode in ("ar", "exact"))
     assert exact.token_ids == ar.token_ids
     jsonschema.validate(json.loads(ar.text), schema)
+    # the reply ended with its value's closing brace: no step was spent on the end-of-sequence token after it (the
+    # prompt's pass gave the first token, each step one more)
+    assert ar.finish_reason == "stop" and ar.text.endswith("}") and ar.stats.target_forwards == ar.stats.new_tokens
 
 
 def test_tokens_the_grammar_forces_are_verified_in_passes_without_drafting(engine):

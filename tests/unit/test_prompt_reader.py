@@ -179,6 +179,22 @@ def test_weights_kept_in_the_cache_open_the_same_reader(tiny, tmp_path):
         ReaderSlot.for_model(path, 7.0, tmp_path / "elsewhere", "int8").open_seconds  # priced as a read, not a conversion
 
 
+def test_a_reader_on_the_ggufs_own_blocks_opens_on_the_first_read_it_pays_for(tiny, monkeypatch):
+    """Opening on the file's own blocks maps the file (nothing converted, nothing kept): priced so, the reader serves
+    the first read it speeds up, where int8 rows wait until the reads they would have sped up pay their conversion.
+    Where the widening cannot build, the GGUF's blocks fall back to int8 rows and are priced as those."""
+    from fly_runtime.backends import native_widen
+
+    path, _ = tiny
+    monkeypatch.setattr(native_widen, "buildable", lambda: True)
+    own, rows = ReaderSlot.for_model(path, 7.0, None), ReaderSlot.for_model(path, 7.0, None, "int8")
+    for slot in (own, rows):
+        slot.own_ms = 3 * slot.reader_ms  # a form whose own reads are 3x slower, as the int4 graph's are here
+    assert isinstance(own.for_read(64), PromptReader) and rows.for_read(64) is None
+    monkeypatch.setattr(native_widen, "buildable", lambda: False)
+    assert ReaderSlot.for_model(path, 7.0, None).open_seconds == ReaderSlot.for_model(path, 7.0, None, "int8").open_seconds
+
+
 def test_q4_k_and_q6_k_decode_as_gguf_py_does():
     """The reader's own decoders of the two types a Q4_K_M file holds, against gguf-py's, on random blocks (any
     bytes are a block, but for the float16 scales, kept finite here)."""
