@@ -25,7 +25,7 @@ def engine(exact_engine):
 @pytest.fixture(scope="module")
 def runs(engine, chat_ids):
     """ar / exact / fly greedy runs of every prompt, shared by the tests below."""
-    return greedy_runs(engine, chat_ids, PROMPTS[:6], {
+    return greedy_runs(engine, chat_ids, PROMPTS[:4], {
         "ar": GenerationConfig(mode="ar", max_new_tokens=TOKENS),
         "exact": GenerationConfig(mode="exact", max_new_tokens=TOKENS),
         "exact-no-ngram": GenerationConfig(mode="exact", ngram=False, max_new_tokens=TOKENS),

@@ -304,3 +304,19 @@ def test_the_one_entry_verifies_greedily_or_by_sampling_as_its_sampler_decodes()
     by_hand = verify_sampling(Sampler(0.8, 0, 1.0, torch.Generator()).probs(logits), None, drafts,
                               torch.Generator().manual_seed(11), rule)
     assert by_entry == by_hand
+
+
+def test_a_pass_reads_the_rows_the_grammar_leaves_one_token_without_their_logits():
+    """The leading rows of a pass where the grammar's mask allows a single token need no logits (a key's tokens):
+    counted up to the first row with a choice, never the last row (the token after the draft)."""
+    import torch
+
+    from fly_runtime.engine import _single_choices
+
+    one, two = torch.zeros(8, dtype=torch.bool), torch.zeros(8, dtype=torch.bool)
+    one[3], two[[3, 5]] = True, True
+    masks = lambda *rows: torch.stack(rows)  # noqa: E731
+    assert _single_choices(None, 4) == 0 and _single_choices(masks(one), 0) == 0
+    assert _single_choices(masks(one, one, two, one), 3) == 2
+    assert _single_choices(masks(one, one, one, one), 3) == 3
+    assert _single_choices(masks(two, one, one, one), 3) == 0
