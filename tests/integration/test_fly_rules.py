@@ -58,7 +58,9 @@ def test_fly_verifies_a_tool_call_exactly_inside_exact_spans(engine):
         messages = [{"role": "system", "content": "You are a precise assistant. Use the tools."},
                     {"role": "user", "content": question}]
         ids = engine.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
-        ar = engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=96))
+        # the target's own reply: exact decoding, plain decoding's token for token on this fp32 target
+        # (test_engine_real.py), in fewer passes
+        ar = engine.generate(ids, GenerationConfig(mode="exact", max_new_tokens=96))
         assert ar.text.startswith("<tool_call>") and tools[0]["function"]["name"] in ar.text
         unguarded = engine.generate(ids, GenerationConfig(**loose))
         if unguarded.stats.fly_forgiven > 0 and unguarded.token_ids != ar.token_ids:
@@ -84,7 +86,7 @@ def test_fly_never_forgives_a_drafted_number(engine, chat_ids):
 def test_fly_verifies_a_code_block_exactly(engine, chat_ids):
     ids = chat_ids("Reply with only a Python code block, no explanation: a function that merges two sorted lists.")
     loose = dict(mode="fly", window=1, entropy_threshold=0.0, min_prob_ratio=0.0, max_new_tokens=96)
-    ar = engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=96))
+    ar = engine.generate(ids, GenerationConfig(mode="exact", max_new_tokens=96))  # the target's own, as above
     assert ar.text.startswith("```python")
     unguarded = engine.generate(ids, GenerationConfig(**loose, exact_code=False))
     assert unguarded.stats.fly_forgiven > 0 and unguarded.text != ar.text
