@@ -126,6 +126,11 @@ class ReplyHistory:
             self._tokens = np.concatenate([self._tokens, np.asarray(lead + list(reply), np.int64), [-1]])[
                 -self.capacity:]
 
+    def clear(self) -> None:
+        """Forget every reply (a benchmark's warm-up, whose replies its measured runs must not copy)."""
+        with self._lock:
+            self._tokens = np.empty(0, np.int64)
+
     def match(self, tail: np.ndarray) -> tuple[int, int]:
         """The longest (then latest) match of ``tail``'s end in an earlier entry that goes on in it: (length,
         end), length 0 where none holds ``MIN_MATCH`` ids."""

@@ -200,6 +200,9 @@ def run_benchmark(
             run(spec, warmup[: min(len(warmup), 64)], tasks[0])
         else:  # a suite's runner may warm up on less than a whole task (an agent: its first calls)
             getattr(run_task, "warm_up", run_task)(spec, tasks[-1])
+    for runner in {id(e): e for e in [engine, *(engines or {}).values()]}.values():
+        if runner.history is not None:  # the warm-up's replies: a measured run of the same prompt would copy them
+            runner.history.clear()
 
     rows = []
     with open(out_dir / "results.jsonl", "w") as log, \

@@ -150,3 +150,14 @@ def test_fly_forgives_no_token_drafted_from_another_reply(tokenizer):
     borrowed = engine.generate([50, 60, 110, 111], config)
     assert borrowed.stats.drafted_tokens > 0 and borrowed.stats.fly_forgiven == 0
     assert borrowed.token_ids == list(range(112, 120))  # what the target writes itself
+
+
+def test_a_cleared_history_proposes_nothing_it_held():
+    """What `fly bench` does after its warm-up: a measured run of the warm-up's prompt must not copy its reply."""
+    history = ReplyHistory()
+    history.remember([5, 6, 7, 8, 9], prompt=[1, 2])
+    assert history.match(np.array([2, 5, 6]))[0] > 0
+    history.clear()
+    assert history.match(np.array([2, 5, 6])) == (0, -1)
+    history.remember([5, 6, 7, 8, 9], prompt=[1, 2])  # and it learns again
+    assert follow(history, np.array([2, 5, 6]), 2) == [7, 8]
