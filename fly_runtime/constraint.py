@@ -113,11 +113,10 @@ class JsonConstraint:
         """Advance over ``token_ids``; how many of them were taken: all, or (with ``blank``) those up to the one
         that made the value whole, so that a pass committing the value's end and whitespace after it ends where a
         step at a time would."""
-        if self._blank is None or len(token_ids) <= 1:
-            taken = len(token_ids)
+        if self._blank is None:
             if token_ids and not self.matcher.consume_tokens(list(token_ids)):
                 raise AssertionError(f"a committed token broke the grammar: {self.matcher.get_error()}")
-            return taken
+            return len(token_ids)
         for taken, token in enumerate(token_ids, 1):
             if not self.matcher.consume_token(token):
                 raise AssertionError(f"a committed token broke the grammar: {self.matcher.get_error()}")

@@ -204,7 +204,7 @@ class FlyEngine:
         self.learned = primary.learned  # prices measured on this machine, kept across requests (each form its own)
         self._digit_tokens: torch.Tensor | None = None  # built on the first FLy request that protects numbers
         self._grammar_tokenizer = None  # built on the first structured request
-        self._blank_tokens: torch.Tensor | None = None  # the whitespace tokens, with it
+        self._blank_tokens: torch.Tensor | None = None  # the whitespace tokens, on the first schema request
 
     # ----------------------------------------------------------------------------------------------- API
     def stream(self, prompt_ids: Sequence[int], config: GenerationConfig) -> GenerationStream:
@@ -371,6 +371,7 @@ class FlyEngine:
         if config.json_schema is not None or config.grammar is not None:
             if self._grammar_tokenizer is None:
                 self._grammar_tokenizer = grammar_tokenizer(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            if config.json_schema is not None and self._blank_tokens is None:  # a user's grammar ends by itself
                 self._blank_tokens = blank_token_mask(self.tokenizer, self.vocab_size)
             request.constraint = JsonConstraint(self._grammar_tokenizer, config.json_schema, self.vocab_size,
                                                 self.eos_token_ids, lark=config.grammar, blank=self._blank_tokens)

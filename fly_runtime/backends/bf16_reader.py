@@ -121,7 +121,7 @@ def _mapped(tensor) -> _Part:
     """A GGUF matrix left in the mapped file (no copy), for ``_widen_parts``."""
     kind, cols = int(tensor.tensor_type), int(tensor.shape[0])
     rows = int(np.prod(tensor.shape[1:]))
-    if kind not in BLOCK_BYTES and kind not in (F32, F16):
+    if kind not in WIDENED:
         raise _NotWidened(f"a matrix of ggml type {kind}")
     return _Part(kind, np.asarray(tensor.data), rows, cols)
 
@@ -150,6 +150,7 @@ def _vector(tensor) -> torch.Tensor:
 # it builds and the file holds only the types it widens, else int8 rows), int8 rows and a scale a row, or bfloat16
 WEIGHTS = ("gguf", "int8", "bf16")
 F32, F16 = 0, 1  # ggml type ids widened by PyTorch from the mapped file (Q4_K, Q6_K: in C)
+WIDENED = frozenset((*BLOCK_BYTES, F32, F16))  # the matrix types read from the mapped file
 
 
 class _NotWidened(Exception):
@@ -439,19 +440,15 @@ def product_ms(repeats: int = 5) -> float:
     return median_seconds(product, repeats, warmup=1) * 1000
 
 
-def readable_params(gguf_path: Path) -> int:
-    """Weights of a GGUF's decoder layers (what a read multiplies every token by); ``Unsupported`` where the
-    reader does not compute this model (its family, interleaved rotary pairs)."""
-    return _decoder_matrices(gguf_path)[0]
-
-
 def _decoder_matrices(gguf_path: Path) -> tuple[int, bool]:
-    """(weights of the decoder layers' matrices, whether every one of them is a type widened from the file)."""
+    """(weights of a GGUF's decoder layers, what a read multiplies every token by; whether every one of their
+    matrices is a type widened from the file). ``Unsupported`` where the reader does not compute this model (its
+    family, interleaved rotary pairs)."""
     fields, tensors = read_index(gguf_path)
     if read_layout(fields, tensors).interleaved:
         raise Unsupported("rotary pairs interleaved (a Llama GGUF's permuted rows)")
     matrices = [t for t in tensors.values() if t.name.startswith("blk.") and len(t.shape) == 2]
-    widened = all(int(t.tensor_type) in (*BLOCK_BYTES, F32, F16) for t in matrices)
+    widened = all(int(t.tensor_type) in WIDENED for t in matrices)
     return sum(int(np.prod(t.shape)) for t in matrices), widened
 
 

@@ -123,9 +123,14 @@ def _cpu() -> str:
     return platform.processor()
 
 
+def _compiler() -> str | None:
+    """The C compiler the widening is built with: ``CC``, else ``cc`` or ``gcc`` on the path."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def _build(folder: Path) -> Path | None:
     """The library built for this machine (built now if absent), or None where no compiler builds it."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = _compiler()
     if not compiler:
         return None
     try:
@@ -179,8 +184,7 @@ def _load() -> ctypes.CDLL | None:
 
 def buildable() -> bool:
     """Whether the library is built or a compiler is there to build it (nothing is built here: a cheap guess)."""
-    return _library is not None or (not _tried and bool(os.environ.get("CC") or shutil.which("cc")
-                                                         or shutil.which("gcc")))
+    return _library is not None or (not _tried and _compiler() is not None)
 
 
 def available() -> bool:
