@@ -14,6 +14,7 @@ each turn, an agent its system prompt and tool schemas, and reading those again 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 import warnings
@@ -39,6 +40,8 @@ from fly_runtime.spans import ExactSpans
 from fly_runtime.text import StopTextStream
 from fly_runtime.timing import median_seconds, pass_seconds
 from fly_runtime.verify import FlyRule, Verdict, verify
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -144,6 +147,8 @@ class TargetForm:
     opener: Callable[[], CachedSequence] | None = None
     max_batch: int | None = None
     learned: Learned = field(default_factory=Learned)
+    opening: threading.Thread | None = None  # its opening beside the requests, while under way
+    broken: bool = False  # its opening failed: requests go to the forms open
 
 
 class GenerationStream:
@@ -286,11 +291,12 @@ class FlyEngine:
     # ------------------------------------------------------------------------------------------- the loop
     def _run(self, stream: GenerationStream, prompt: list[int], config: GenerationConfig) -> Iterator[str]:
         """Serve one request on a sequence of its own, with the drafter if no other request has it."""
-        form = self._route(prompt, config)
+        form, closed, opening = self._route(prompt, config)
         slots = form.slots
         assert slots is not None
         seq = slots.take(prompt, len(prompt) + config.max_new_tokens + Slots.DRAFT_ROOM)
-        start = time.perf_counter()  # the wait for a sequence is not the request's time
+        # the wait for a sequence is not the request's time; opening the form it runs on is
+        start = time.perf_counter() - opening
         drafting = config.mode != "ar" and self._drafting.acquire(blocking=False)
         busy = config.mode != "ar" and not drafting
         if busy:
@@ -298,6 +304,7 @@ class FlyEngine:
         try:
             with _torch_threads(self.host_threads):
                 request = self._start(prompt, config, slots.sequences[seq], start, form)
+                request.closed = closed
                 request.stats.drafter_busy = int(busy)
                 yield from self._serve(stream, request)
         except BaseException:
@@ -312,29 +319,66 @@ class FlyEngine:
                 self._drafting.release()
             slots.give(seq)
 
-    def _route(self, prompt: list[int], config: GenerationConfig) -> TargetForm:
+    def _route(self, prompt: list[int], config: GenerationConfig) -> tuple[TargetForm, dict[str, int], float]:
         """The form to serve the request on: the only one, else the router's choice among those that can hold it
-        (each priced with what its own prompt cache spares), opened here where it was not yet. A seeded request
-        stays on the first form, so that it repeats itself exactly (forms round differently)."""
-        if self.router is None or config.seed is not None:
-            return self.forms[0]
+        (each priced with what its own prompt cache spares), opened here where it was not yet; the forms not open
+        that could have held it, with the prompt tokens each would read (what the router charges the request
+        against); the seconds spent opening the form for it."""
+        if self.router is None or config.seed is not None:  # a seeded request repeats itself on the first form
+            return self.forms[0], {}, 0.0
         need = len(prompt) + config.max_new_tokens + Slots.DRAFT_ROOM  # what Slots.take reserves
-        fits = [f for f in self.forms if f.max_context >= need] or self.forms[:1]
+        fits = [f for f in self.forms if f.max_context >= need and not f.broken] or self.forms[:1]
         if any(f.slots is not None and f.slots.holding() for f in self.forms):
             # this thread holds a stream open: a form whose sequences are all taken would have it wait on itself
             fits = [f for f in fits if f.slots is not None and f.slots.free_now()] or fits
         unread = {f.name: len(prompt) - (f.slots.cached(prompt) if f.slots is not None else 0) for f in fits}
         opened = {f.name for f in fits if f.slots is not None}
-        name = self.router.choose(request_kind(config), unread, config.max_new_tokens, opened)
+        name = self.router.choose(request_kind(config, len(prompt)), unread, config.max_new_tokens, opened)
         form = next(f for f in fits if f.name == name)
+        began = time.perf_counter()
         if form.slots is None:
-            with self._opening:
-                if form.slots is None:
-                    assert form.opener is not None
-                    began = time.perf_counter()
-                    form.slots = Slots(form.opener(), form.max_batch)
-                    self.router.opened(time.perf_counter() - began)
-        return form
+            self._open(form)
+        closed = {f.name: unread[f.name] for f in fits if f.slots is None and f.opening is None}
+        return form, closed, (time.perf_counter() - began if name not in opened else 0.0)
+
+    def _open(self, form: TargetForm) -> None:
+        """Open ``form`` here (or wait for its opening under way beside the requests)."""
+        opening = form.opening
+        if opening is not None and opening is not threading.current_thread():
+            opening.join()
+        with self._opening:
+            if form.slots is None:
+                assert form.opener is not None and self.router is not None
+                began = time.perf_counter()
+                form.slots = Slots(form.opener(), form.max_batch)
+                self.router.opened(form.name, time.perf_counter() - began)
+
+    def _open_beside(self, names: list[str]) -> None:
+        """Open the forms ``names`` on a thread of their own while requests go on where they are; a form whose
+        opening fails is left out of routing from then on (the reason logged)."""
+        for form in self.forms:
+            if form.name not in names or form.slots is not None or form.opening is not None or form.broken:
+                continue
+
+            def run(form: TargetForm = form) -> None:
+                try:
+                    self._open(form)
+                except Exception:  # e.g. out of memory: the forms open serve on
+                    form.broken = True
+                    logger.exception("fly: opening the target's %s form failed; requests stay on the forms open",
+                                     form.name)
+                finally:
+                    form.opening = None
+
+            form.opening = threading.Thread(target=run, name=f"fly-open-{form.name}", daemon=True)
+            form.opening.start()
+
+    def settle(self) -> None:
+        """Wait for the forms being opened beside the requests (``fly bench`` times nothing while one opens)."""
+        for form in self.forms:
+            opening = form.opening
+            if opening is not None:
+                opening.join()
 
     def _serve(self, stream: GenerationStream, request: _Request) -> Iterator[str]:
         new = self._prefill(request)
@@ -353,9 +397,11 @@ class FlyEngine:
             self.history.remember(stream.result.token_ids, request.prompt)
         if self.router is not None:
             stream.result.form = request.form.name
-            self.router.record(request.form.name, request.kind, stream.result.stats.new_tokens,
-                               time.perf_counter() - request.writing_since, stream.result.finish_reason == "stop",
-                               request.read)
+            due = self.router.record(request.form.name, request.kind, stream.result.stats.new_tokens,
+                                     time.perf_counter() - request.writing_since,
+                                     stream.result.finish_reason == "stop", request.read, request.closed)
+            if due:
+                self._open_beside(due)
 
     def _start(self, prompt: list[int], config: GenerationConfig, target: CachedSequence, start: float,
                form: TargetForm) -> _Request:
@@ -366,7 +412,7 @@ class FlyEngine:
                           config.min_p)
         request = _Request(prompt, config, sampler, self._verification(config, prompt),
                            StopTextStream(self.tokenizer, config.stop), self.eos_token_ids, start, self.draft_name)
-        request.target, request.form, request.kind = target, form, request_kind(config)
+        request.target, request.form, request.kind = target, form, request_kind(config, len(prompt))
         request.penalties = Penalties.of(config, prompt, self.vocab_size)
         if config.json_schema is not None or config.grammar is not None:
             if self._grammar_tokenizer is None:
@@ -537,6 +583,7 @@ class _Request:
         self.kind = "text"  # what the request is, for the router's prices (routing.KINDS)
         self.writing_since = start  # when the prompt was read and the reply began
         self.read = (0, 0.0)  # prompt tokens read (past the cache) and the seconds that took
+        self.closed: dict[str, int] = {}  # forms not open that could have served it, and what each would read
         self.constraint: JsonConstraint | None = None  # the grammar a structured reply follows
         self.penalties: Penalties | None = None  # repetition, frequency and presence penalties, where asked for
 

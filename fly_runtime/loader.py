@@ -345,7 +345,7 @@ def form_for_one_request(settings: ModelSettings, prompt_tokens: int, config) ->
         return None
     forms = [chosen, *held]
     router = Router.timed(ms, forms, recorded_prices(model))
-    kind = request_kind(config)
+    kind = request_kind(config, prompt_tokens)
     return min(forms, key=lambda p: router.predict(p, kind, prompt_tokens, config.max_new_tokens))
 
 

@@ -17,7 +17,10 @@ What was learned is kept with tuning's record when the engine is dropped or the 
 process on this machine starts from it.
 A form not open yet is opened once the time it would have saved the requests served elsewhere adds up to what
 opening it costs (the ski-rental rule: a one-off request never pays for a second form, a steady stream of
-requests it suits does). Pure bookkeeping: no backend is touched here.
+requests it suits does): each request served elsewhere counts the share of its time that form was predicted to
+save it, and the form is then opened beside the requests (no request waits for it); one request that alone would
+save the opening goes there at once. Opening is priced as tuning timed it here, then as it last took. Pure
+bookkeeping: no backend is touched here.
 """
 
 from __future__ import annotations
@@ -33,11 +36,16 @@ if TYPE_CHECKING:
     from fly_runtime.backends.bf16_reader import ReaderSlot
 
 # what a request is, for the prices learned: replies under a grammar (JSON schema, a forced call), replies that may
-# call tools (their calls copy names and arguments from the prompt), free text, and plain decoding (mode ar)
-KINDS = ("structured", "tools", "text", "plain")
+# call tools (their calls copy names and arguments from the prompt), free text from a prompt with material to copy
+# (retrieved passages, a document, earlier turns), free text from a short prompt (a question, an instruction), and
+# plain decoding (mode ar)
+KINDS = ("structured", "tools", "text", "chat", "plain")
 # how often a free draft (prompt lookup, grammar) survives in each kind before anything is learned: a call or a
-# JSON object copies its prompt's names and values; free text copies it less; plain decoding drafts nothing
-PRIOR_SURVIVAL = {"structured": 0.6, "tools": 0.6, "text": 0.3, "plain": 0.0}
+# JSON object copies its prompt's names and values; free text copies its prompt less, and a short prompt holds
+# little to copy (Spec-Bench's writing and roleplay prompts of 50-60 tokens: 0-1 of 8-9 drafts kept, 2026-12-07);
+# plain decoding drafts nothing
+PRIOR_SURVIVAL = {"structured": 0.6, "tools": 0.6, "text": 0.3, "chat": 0.1, "plain": 0.0}
+CHAT_PROMPT = 256  # prompt tokens under which free text is "chat": a question or an instruction, little to copy
 PRIOR_REPLY = 100  # tokens a reply is expected to hold before any was seen (an agent turn, a RAG answer)
 LEARN_RATE = 0.3  # weight of the latest request in the learned averages
 MIN_READ = 64  # prompt tokens a read must hold to price reading (a short one measures a call's overhead)
@@ -46,14 +54,16 @@ MIN_READ = 64  # prompt tokens a read must hold to price reading (a short one me
 OPEN_SECONDS = 2.0
 
 
-def request_kind(config: GenerationConfig) -> str:
+def request_kind(config: GenerationConfig, prompt_tokens: int) -> str:
     """What a request is, for the prices learned (``KINDS``): tool calls are the replies verified inside the tool
     format's exact spans."""
     if config.mode == "ar":
         return "plain"
     if config.json_schema is not None or config.grammar is not None:
         return "structured"
-    return "tools" if config.exact_spans else "text"
+    if config.exact_spans:
+        return "tools"
+    return "text" if prompt_tokens >= CHAT_PROMPT else "chat"
 
 
 @dataclass
@@ -88,6 +98,7 @@ class Router:
     _read: dict[str, float] = field(default_factory=dict)  # form -> seconds per prompt token
     _reply: dict[str, float] = field(default_factory=dict)  # kind -> tokens
     _missed: dict[str, float] = field(default_factory=dict)  # form not open -> seconds it would have saved so far
+    _opens: dict[str, float] = field(default_factory=dict)  # form -> seconds opening it took (timed by tuning here)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # the prompt reader's slot on each form it reads for (bf16_reader.ReaderSlot: llama.cpp's, a graph's; one reader
     # shared): reads there cost the reader's price while it is open or expected to pay (it opens within long reads
@@ -99,6 +110,7 @@ class Router:
         """A router over ``forms`` priced from tuning's pass milliseconds of each, and from what an earlier
         process learned here (``learned()``'s record), as far as it concerns these forms."""
         router = cls({p: FormPrices.of(ms[p]) for p in forms})
+        router._opens = {p: ms[p]["open"] / 1000 for p in forms if "open" in ms[p]}
         if learned:
             router._read = {f: v for f, v in learned.get("read", {}).items() if f in forms}
             router._written = {(f, k): v for f, k, v in learned.get("written", ()) if f in forms and k in KINDS}
@@ -113,12 +125,17 @@ class Router:
             return {"read": dict(self._read), "written": [[f, k, v] for (f, k), v in self._written.items()],
                     "reply": dict(self._reply)}
 
-    def predict(self, form: str, kind: str, unread: int, max_new_tokens: int) -> float:
-        """Seconds ``form`` would take for a request of ``kind`` with ``unread`` prompt tokens to read there."""
-        price = self.prices[form]
-        reply = min(max_new_tokens, self._reply.get(kind, PRIOR_REPLY))
-        written = self._written.get((form, kind), price.written(kind))
+    def predict(self, form: str, kind: str, unread: int, max_new_tokens: int, reply: int | None = None) -> float:
+        """Seconds ``form`` would take for a request of ``kind`` with ``unread`` prompt tokens to read there and a
+        reply of the length expected (or of ``reply`` tokens)."""
+        if reply is None:
+            reply = min(max_new_tokens, self._reply.get(kind, PRIOR_REPLY))
+        written = self._written.get((form, kind), self.prices[form].written(kind))
         return unread * self._read_price(form) + reply * written
+
+    def open_price(self, form: str) -> float:
+        """Seconds opening ``form`` is expected to take."""
+        return self._opens.get(form, self.open_seconds)
 
     def _read_price(self, form: str) -> float:
         slot = self.readers.get(form)
@@ -128,8 +145,9 @@ class Router:
 
     def choose(self, kind: str, unread: dict[str, int], max_new_tokens: int, open_forms: set[str]) -> str:
         """The form that serves the request soonest; ``unread``: the prompt tokens each form must still read
-        (only the forms that can hold the request). A form not open yet is chosen once the requests it would
-        have served sooner add up to what opening it costs."""
+        (only the forms that can hold the request). A form not open yet is chosen (opened for it) where this
+        request alone would save what opening it costs; the requests served elsewhere meanwhile count toward its
+        opening (``record``)."""
         with self._lock:
             cost = {f: self.predict(f, kind, unread[f], max_new_tokens) for f in unread}
             best = min(cost, key=cost.__getitem__)
@@ -137,18 +155,28 @@ class Router:
             if best in open_forms or not held:
                 return best
             fallback = min(held, key=cost.__getitem__)
-            self._missed[best] = self._missed.get(best, 0.0) + cost[fallback] - cost[best]
-            return best if self._missed[best] >= self.open_seconds else fallback
+            return best if cost[fallback] - cost[best] >= self.open_price(best) else fallback
 
     def record(self, form: str, kind: str, new_tokens: int, write_seconds: float, stopped: bool,
-               read: tuple[int, float] = (0, 0.0)) -> None:
+               read: tuple[int, float] = (0, 0.0), closed: dict[str, int] | None = None) -> list[str]:
         """A request ``form`` served read ``read`` = (tokens, seconds) of its prompt, then wrote ``new_tokens`` in
         ``write_seconds``. A reply that ended by itself (``stopped``) teaches how long one runs; one cut by
         max_new_tokens only that it runs at least that long: it may raise the expected length, never lower it
         (learning only from stopped replies learns the short ones, and long free replies then look too short to
-        move to the faster stepper)."""
+        move to the faster stepper). ``closed``: the forms not open that could have held the request, with the
+        prompt tokens each would have read; what the request took beyond their prediction for it counts toward
+        opening them. Returns those whose count has reached their opening's price: to open now."""
         tokens, seconds = read
+        due = []
         with self._lock:
+            # the request's time, scaled by how much sooner the other form was predicted to serve it (a ratio of
+            # predictions: what neither prediction holds, the engine's own work, is not counted as lost)
+            served = self.predict(form, kind, tokens, new_tokens, reply=new_tokens)
+            for other, unread in (closed or {}).items():
+                ratio = self.predict(other, kind, unread, new_tokens, reply=new_tokens) / served if served > 0 else 1.0
+                self._missed[other] = self._missed.get(other, 0.0) + max(0.0, (seconds + write_seconds) * (1 - ratio))
+                if self._missed[other] >= self.open_price(other):
+                    due.append(other)
             if tokens >= MIN_READ:
                 slot = self.readers.get(form)
                 if slot is None and self.readers:
@@ -159,10 +187,13 @@ class Router:
                 _learn(self._written, (form, kind), write_seconds / new_tokens)
                 if stopped or new_tokens > self._reply.get(kind, PRIOR_REPLY):
                     _learn(self._reply, kind, new_tokens, PRIOR_REPLY)
+        return due
 
-    def opened(self, seconds: float) -> None:
-        """A form took ``seconds`` to open: what the next one is priced at."""
-        self.open_seconds = seconds
+    def opened(self, form: str, seconds: float) -> None:
+        """``form`` took ``seconds`` to open: what opening it (and a form tuning did not time) is priced at now."""
+        with self._lock:
+            self._opens[form] = self.open_seconds = seconds
+            self._missed.pop(form, None)
 
 
 def _learn(averages: dict, key, value: float, prior: float | None = None) -> None:

@@ -200,9 +200,11 @@ def run_benchmark(
             run(spec, warmup[: min(len(warmup), 64)], tasks[0])
         else:  # a suite's runner may warm up on less than a whole task (an agent: its first calls)
             getattr(run_task, "warm_up", run_task)(spec, tasks[-1])
-    for runner in {id(e): e for e in [engine, *(engines or {}).values()]}.values():
+    fly_engines = list({id(e): e for e in [engine, *(engines or {}).values()]}.values())
+    for runner in fly_engines:
         if runner.history is not None:  # the warm-up's replies: a measured run of the same prompt would copy them
             runner.history.clear()
+    settling = 0.0  # seconds waited for forms opening beside the requests (their time is no run's)
 
     rows = []
     with open(out_dir / "results.jsonl", "w") as log, \
@@ -210,6 +212,10 @@ def run_benchmark(
         for task in tasks:
             ids = encode(task)
             for spec in modes:  # interleaved, so machine drift hits every mode alike
+                began = time.perf_counter()
+                for runner in fly_engines:  # a form opening beside fly's requests would slow the next run, any mode's
+                    runner.settle()
+                settling += time.perf_counter() - began
                 row = {"task_id": task.task_id, "category": task.category, "mode": spec.label, **run(spec, ids, task)}
                 row["tokens_per_second"] = row["new_tokens"] / row["seconds"] if row["seconds"] else 0.0
                 if scorer:
@@ -219,6 +225,7 @@ def run_benchmark(
                 log.flush()
                 bar.update()
     summary = summarise(rows, modes, suite, base, settings or {})
+    summary["settled_seconds"] = settling
     summary["verify_cost"] = measure_verify_cost(engine)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "summary.md").write_text(render_markdown(summary))

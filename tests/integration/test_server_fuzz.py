@@ -22,7 +22,7 @@ def fuzzed(tmp_path_factory):
     if EXTERNAL:
         pytest.skip("fuzzes a fly serve of its own, with a request timeout")
     log = open(tmp_path_factory.mktemp("fuzz") / "serve.log", "w+")
-    proc, base = launch_server(["--request-timeout", str(TIMEOUT), "--max-new-tokens", "8"], log)
+    proc, base = launch_server(["--request-timeout", str(TIMEOUT), "--max-new-tokens", "2"], log)
     yield base
     proc.terminate()
     proc.wait(timeout=60)

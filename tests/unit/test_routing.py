@@ -8,7 +8,7 @@ from fly_runtime import GenerationConfig
 from fly_runtime.backends.base import CachedSequence
 from fly_runtime.drafters import NgramDrafter
 from fly_runtime.engine import FlyEngine, TargetForm
-from fly_runtime.routing import FormPrices, Router
+from fly_runtime.routing import OPEN_SECONDS, FormPrices, Router
 
 # as timed on a 2-vCPU AVX-512 EPYC (ms): llama.cpp steps faster, the int4 graph reads faster and verifies cheaply
 GGUF_MS = {"1": 45.0, "9": 360.0, "64": 1740.0}
@@ -26,6 +26,10 @@ def test_prices_from_the_timed_passes():
     gguf = FormPrices.of(GGUF_MS)
     assert gguf.written("text") == gguf.step  # rows as dear as steps: drafts never pay there
     assert p.written("plain") == p.step and p.written("tools") < p.written("text") < p.step  # cheap rows: they do
+    assert p.written("chat") == p.step  # little to copy from a short prompt: no draft expected to pay
+    # opening a form is priced as tuning timed it here; one it did not time, at OPEN_SECONDS until one opened
+    timed = Router.timed({"gguf": {**GGUF_MS, "open": 900.0}, "int4": INT4_MS}, ["gguf", "int4"])
+    assert timed.open_price("gguf") == 0.9 and timed.open_price("int4") == OPEN_SECONDS
 
 
 def test_a_long_read_goes_to_the_faster_reader_and_a_long_free_reply_to_the_faster_stepper():
@@ -34,10 +38,16 @@ def test_a_long_read_goes_to_the_faster_reader_and_a_long_free_reply_to_the_fast
     assert r.choose("plain", {"gguf": 40, "int4": 40}, 500, both) == "gguf"  # plain decoding of a long reply
     # what a form holds cached it need not read again: a conversation stays where its history is
     assert r.choose("tools", {"gguf": 30, "int4": 2000}, 60, both) == "gguf"
-    # a form not open yet opens once the requests it would have served sooner saved what opening costs (5 s)
-    assert [r.choose("plain", {"gguf": 40, "int4": 40}, 100, {"int4"}) for _ in range(3)] == ["int4", "int4", "gguf"]
-    assert r.choose("tools", {"gguf": 300, "int4": 300}, 60, {"gguf"}) == "gguf"  # saves 1.7 s: not yet
+    # a form not open yet is opened for a request that alone saves what opening it costs (5 s) ...
+    assert r.choose("plain", {"gguf": 40, "int4": 40}, 100, {"int4"}) == "int4"  # saves 2 s: not for it
+    assert r.choose("tools", {"gguf": 300, "int4": 300}, 60, {"gguf"}) == "gguf"  # saves 1.7 s: not for it
     assert r.choose("tools", {"gguf": 2000, "int4": 2000}, 60, {"gguf"}) == "int4"  # a long read saves 13 s
+    # ... and, to be opened beside them, once the requests served elsewhere lost that much there: each the share of
+    # its time it was predicted to save (here 7.3 s each, 0.8 read and 6.5 written, predicted 7.3 there and 5.6 here)
+    due = [r.record("int4", "plain", 100, 6.5, True, read=(40, 0.8), closed={"gguf": 40}) for _ in range(3)]
+    assert due == [[], [], ["gguf"]]
+    r.opened("gguf", 0.5)  # opening it took 0.5 s: the price from now on
+    assert r.open_price("gguf") == 0.5 and r.choose("plain", {"gguf": 40, "int4": 40}, 100, {"int4"}) == "gguf"
 
 
 def test_learned_prices_move_the_choice():
@@ -65,11 +75,13 @@ def test_long_free_replies_cut_by_max_tokens_move_to_the_faster_stepper():
     r = Router({"gguf": FormPrices.of({"1": 36.9, "9": 324.9, "64": 1093.8}),
                 "int4": FormPrices.of({"1": 47.8, "9": 146.4, "64": 871.6})})
     replies = [(128, False), (33, True), (128, False), (13, True), (128, False), (128, False)]
-    chosen = []
+    chosen, opened = [], {"int4"}
     for new_tokens, stopped in replies:
-        chosen.append(r.choose("text", {"gguf": 60, "int4": 60}, 128, {"int4"}))
-        r.record("int4", "text", new_tokens, new_tokens * 0.048, stopped)
-    assert r._reply["text"] > 90 and chosen[:2] == ["int4", "int4"] and "gguf" in chosen
+        form = r.choose("text", {"gguf": 60, "int4": 60}, 128, opened)
+        chosen.append(form)
+        closed = {f: 60 for f in ("gguf", "int4") if f not in opened}
+        opened |= set(r.record(form, "text", new_tokens, new_tokens * 0.048, stopped, (60, 0.8), closed))
+    assert r._reply["text"] > 90 and chosen[:3] == ["int4"] * 3 and "gguf" in chosen
 
 
 def test_what_a_process_learned_is_where_the_next_one_on_this_machine_starts(monkeypatch, tmp_path):
@@ -155,6 +167,41 @@ def test_the_engine_serves_each_request_on_the_routed_form_opening_it_once(token
     assert engine.max_context == 4096
 
 
+def test_a_form_is_opened_beside_the_requests_once_they_lost_what_opening_it_costs(tokenizer):
+    """Requests served on the graph took longer than llama.cpp was predicted to take them: once that adds up to what
+    opening it costs, it opens on a thread of its own (no request waits for it) and the next request goes there; a
+    form whose opening fails is left out and the requests stay where they are. A form opened for a request counts
+    in that request's time."""
+    import time
+
+    from fly_runtime.routing import request_kind
+
+    engine, graph, opened = two_forms(tokenizer)
+    # both predicted to write a token in a microsecond, llama.cpp a little sooner: no request alone pays for opening
+    engine.router = Router({"gguf": FormPrices(1e-6, 1e-6, 1e-6), "int4": FormPrices(1e-6, 2e-6, 2e-6)}, 1e-4)
+    reply = GenerationConfig(mode="ar", max_new_tokens=40)
+    first = engine.generate([5, 6, 7], reply)
+    assert first.form == "int4" and first.stats.seconds > 2e-4  # the half predicted saved exceeds the price
+    engine.settle()
+    assert len(opened) == 1 and engine.forms[1].slots is not None and engine.forms[1].opening is None
+    assert engine.generate([5, 6, 7], reply).form == "gguf"
+
+    engine, graph, opened = two_forms(tokenizer)
+    engine.router = Router({"gguf": FormPrices(1e-6, 1e-6, 1e-6), "int4": FormPrices(1e-6, 2e-6, 2e-6)}, 1e-4)
+    engine.forms[1].opener = lambda: (_ for _ in ()).throw(MemoryError("no room for a second form"))
+    assert engine.generate([5, 6, 7], reply).form == "int4"
+    engine.settle()
+    assert engine.forms[1].broken and engine.generate([5, 6, 7], reply).form == "int4"
+
+    engine, graph, opened = two_forms(tokenizer)  # opened for the first request it suits (priced at nothing)
+    opener = engine.forms[1].opener
+    engine.forms[1].opener = lambda: (time.sleep(0.2), opener())[1]
+    plain = engine.generate([5, 6, 7], GenerationConfig(mode="ar", max_new_tokens=300))
+    assert plain.form == "gguf" and plain.stats.seconds >= 0.2
+    # free text from a short prompt is priced apart from free text over retrieved passages
+    assert [request_kind(GenerationConfig(), n) for n in (40, 2000)] == ["chat", "text"]
+
+
 def test_a_thread_holding_a_stream_is_served_on_a_form_with_a_free_sequence(tokenizer):
     """A request from the thread that holds a stream open on one form goes to a form with a sequence free now,
     whatever the router would prefer: on the held form it would wait for its own stream (a hang, seen in the suite
@@ -226,8 +273,8 @@ def test_a_one_shot_request_opens_only_the_form_that_serves_it_soonest(monkeypat
     assert form_for_one_request(auto, 40, GenerationConfig(max_new_tokens=256)) == "gguf"  # a free reply
     assert form_for_one_request(auto, 40, GenerationConfig(mode="ar", max_new_tokens=256)) == "gguf"
     assert form_for_one_request(auto, 3000, GenerationConfig(max_new_tokens=64)) == "int4"  # a long read
-    # earlier processes here found the graph writing free text at 19 ms a token: a free reply goes there now
-    learned["written"] = [["int4", "text", 0.019]]
+    # earlier processes here found the graph answering short prompts at 19 ms a token: a free reply goes there now
+    learned["written"] = [["int4", "chat", 0.019]]
     assert form_for_one_request(auto, 40, GenerationConfig(max_new_tokens=256)) == "int4"
     learned.clear()
     assert form_for_one_request(auto, 40, GenerationConfig(temperature=0.7, seed=1)) is None  # stays first
