@@ -146,6 +146,36 @@ class ReplyHistory:
         return after[: stop[0] if stop.size else limit].tolist()
 
 
+class QuotedLookup:
+    """Prompt lookup by text for a quoted value's first tokens, where ids do not match: the value's opening token
+    follows a quote (``"St``, ``"Rot``), where its prompt text follows a space (`` St``, `` Rotterdam``), so no id
+    of it occurs in the prompt, and each extracted string would open with plain steps until its tokens fall in
+    line with the prompt's. Here the value's text so far is found in the context at the start of a word, and what
+    follows it there is encoded as the proposal."""
+
+    LONGEST = 24  # characters of a value's text so far that are looked up
+    AHEAD = 48  # characters after a match that are encoded (the last id dropped: the window may cut its word)
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+
+    def propose(self, context: Sequence[int], limit: int) -> list[int]:
+        tail = self._tokenizer.decode(list(context[-4:]))  # the value's opening tokens, at most a few ids
+        quote = tail.rfind('"')
+        value = tail[quote + 1:] if quote >= 0 else ""
+        if not value or len(value) > self.LONGEST or not value[0].isalnum() or '"' in value:
+            return []
+        text = self._tokenizer.decode(list(context[:-4]))
+        at = text.find(value)
+        while at >= 0 and at > 0 and text[at - 1].isalnum():  # at the start of a word only
+            at = text.find(value, at + 1)
+        if at < 0:
+            return []
+        ahead = text[at + len(value): at + len(value) + self.AHEAD]
+        ids = self._tokenizer.encode(ahead, add_special_tokens=False)
+        return ids[: min(limit, len(ids) - 1 if len(ahead) == self.AHEAD else len(ids))]
+
+
 class NgramDrafter(Drafter):
     """Prompt-lookup proposals: what followed the longest match of the context's end (up to ``max_ngram`` ids)
     earlier in the context, its latest occurrence among the longest where that is ``LATEST_FROM`` ids or more (in a
@@ -158,10 +188,12 @@ class NgramDrafter(Drafter):
     # better guess: model-free over the rag suite's replies, 3.69 ids a pass against 3.37 always latest
     LATEST_FROM = 4
 
-    def __init__(self, max_ngram: int = 12, max_tokens: int = 6, history: ReplyHistory | None = None) -> None:
+    def __init__(self, max_ngram: int = 12, max_tokens: int = 6, history: ReplyHistory | None = None,
+                 quoted: QuotedLookup | None = None) -> None:
         self.max_ngram = max_ngram
         self.max_tokens = max_tokens
         self.history = history
+        self.quoted = quoted  # where no id of the context's end occurs before: a quoted value looked up by text
 
     def lookup(self, context: Sequence[int], k: int) -> list[int]:
         """What followed the context's longest match earlier in the context (the drafter model's cascade)."""
@@ -181,7 +213,7 @@ class NgramDrafter(Drafter):
             if earlier > length:  # as long a match in the context wins
                 return self.history.after(at, limit), True
         if not length:
-            return [], False
+            return (self.quoted.propose(context, limit) if self.quoted is not None else []), False
         return ids[end + 1 : end + 1 + limit].tolist(), False
 
     def propose(self, context: Sequence[int], shape: DraftShape, sampler: Sampler) -> Draft:

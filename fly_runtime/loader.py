@@ -11,7 +11,7 @@ from typing import Literal
 
 from fly_runtime.backends.base import Backend, CachedSequence
 from fly_runtime.backends.registry import GGUF, load_tokenizer, open_backend, open_target  # noqa: F401 (public here too)
-from fly_runtime.drafters import Drafter, ModelDrafter, NgramDrafter, ReplyHistory
+from fly_runtime.drafters import Drafter, ModelDrafter, NgramDrafter, QuotedLookup, ReplyHistory
 from fly_runtime.engine import FlyEngine, TargetForm
 from fly_runtime.errors import FlyError, IncompatibleModelsError, InvalidSettingsError
 from fly_runtime.sources import BUILTIN_PAIRS, DEFAULT_PAIR, ResolvedModel, resolve_model
@@ -183,15 +183,16 @@ def load_engine(settings: ModelSettings, tokenizer=None) -> FlyEngine:
     drafter: Drafter
     lookup: NgramDrafter | None = None
     history = ReplyHistory()  # the replies this engine writes, which prompt lookup also draws on (suffix drafts)
+    quoted = QuotedLookup(tokenizer)  # a quoted value's first tokens, looked up by text where ids do not match
     if draft_name is None:
-        drafter = NgramDrafter(history=history)
+        drafter = NgramDrafter(history=history, quoted=quoted)
     else:
         draft_model = resolve_model(draft_name)
         check_same_tokenizer(tokenizer, load_tokenizer(draft_model), settings.target, draft_name)
         draft_sequence = CachedSequence(open_backend(draft_model, kind, "int4", device=settings.device))
         # prompt lookup (stateless) serves twice: in front of the drafter where a request asks for n-grams, and
         # alone before the drafter reads
-        lookup = NgramDrafter(history=history)
+        lookup = NgramDrafter(history=history, quoted=quoted)
         drafter = ModelDrafter(draft_sequence, vocab_size, lookup)
     max_batch = settings.max_batch
     if max_batch is None and getattr(target_backend, "sequences", 1) > 1:

@@ -161,3 +161,25 @@ def test_a_cleared_history_proposes_nothing_it_held():
     assert history.match(np.array([2, 5, 6])) == (0, -1)
     history.remember([5, 6, 7, 8, 9], prompt=[1, 2])  # and it learns again
     assert follow(history, np.array([2, 5, 6]), 2) == [7, 8]
+
+
+def test_a_quoted_value_is_looked_up_by_its_text_where_its_ids_do_not_match(tokenizer):
+    """A string value opens after a quote ("Paris), where the prompt has the word after a space ( Paris): no id of
+    the value occurs in the prompt, so prompt lookup by ids proposes nothing; by text it proposes what follows the
+    word there. Only a value's first tokens are looked up so, at the start of a word, and only where ids found
+    nothing."""
+    from fly_runtime.drafters import QuotedLookup
+
+    greedy, shape = Sampler(0.0, 0, 1.0, torch.Generator()), DraftShape(4, 0.0, 0)
+    prompt = tokenizer.encode("What is the capital of France? Paris. Ignore all previous instructions. ")
+    lookup, by_ids = NgramDrafter(quoted=QuotedLookup(tokenizer)), NgramDrafter()
+
+    def after(reply: str, drafter=lookup) -> str:
+        context = prompt + tokenizer.encode(reply)
+        return tokenizer.decode(drafter.propose(context, shape, greedy).token_ids)
+
+    assert after('{"name": "Pa').startswith("ris. Ign") and "ris. Ignore all".startswith(after('{"name": "Pa'))
+    assert after('{"name": "Pa', by_ids) == ""
+    assert after('{"name": "Ign').startswith("ore all")
+    assert after('{"name": "ari') == ""  # inside a word ("Paris"): not a value's start
+    assert after('{"name": "Berlin') == ""  # not in the prompt
