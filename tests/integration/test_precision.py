@@ -19,8 +19,8 @@ def test_the_shipped_reference_is_the_full_precision_models_choices():
     from fly_runtime.loader import load_tokenizer
     from tests.integration.conftest import drop_engines
 
-    # the 1.5B at fp32 in PyTorch (6.2 GB) loads alone: beside the suite's kept default pair (up to 5.8 GB with both
-    # its forms and the prompt reader open) it was the suite's peak, 11.0-11.8 GB of its 12
+    # the 1.5B at fp32 in PyTorch (6.2 GB) needs no engine: the suite's kept default pair (up to 5.8 GB) is dropped
+    # first. This is still the suite's peak (10.8 GB: 4.7 GB of earlier modules stay resident, not the pair's)
     drop_engines(keep_default=False)
     model = resolve_model(DEFAULT_TARGET)
     ref = reference(model, load_tokenizer(model))
