@@ -167,7 +167,7 @@ class QuotedLookup:
             return []
         text = self._tokenizer.decode(list(context[:-4]))
         at = text.find(value)
-        while at >= 0 and at > 0 and text[at - 1].isalnum():  # at the start of a word only
+        while at > 0 and text[at - 1].isalnum():  # at the start of a word only
             at = text.find(value, at + 1)
         if at < 0:
             return []

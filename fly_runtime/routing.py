@@ -42,8 +42,7 @@ if TYPE_CHECKING:
 KINDS = ("structured", "tools", "text", "chat", "plain")
 # how often a free draft (prompt lookup, grammar) survives in each kind before anything is learned: a call or a
 # JSON object copies its prompt's names and values; free text copies its prompt less, and a short prompt holds
-# little to copy (Spec-Bench's writing and roleplay prompts of 50-60 tokens: 0-1 of 8-9 drafts kept, 2026-12-07);
-# plain decoding drafts nothing
+# little to copy (docs/design.md, "Each request on its form"); plain decoding drafts nothing
 PRIOR_SURVIVAL = {"structured": 0.6, "tools": 0.6, "text": 0.3, "chat": 0.1, "plain": 0.0}
 CHAT_PROMPT = 256  # prompt tokens under which free text is "chat": a question or an instruction, little to copy
 PRIOR_REPLY = 100  # tokens a reply is expected to hold before any was seen (an agent turn, a RAG answer)

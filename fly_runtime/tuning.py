@@ -47,12 +47,6 @@ RECORD_VERSION = 7  # records of an older rule are measured again (7: each form'
 TURN_READ, TURN_WRITE, TURN_SURVIVAL = 400, 100, 0.6
 READ_TOKENS = 64  # the prompt-read pass timed per form
 ROWS_COMPARED = 18  # tokens over which steps and 4- and 9-token passes are compared (reported, not required)
-# another form is held beside the chosen one where it steps or reads prompts faster than this share of the chosen
-# one's time: each request then goes to the form that serves it soonest (fly_runtime/routing.py). Holding costs
-# nothing until the router opens it, which it does once requests lost its opening's worth there, so any lead holds
-# it (llama.cpp stepped 12%, 3% and 0% faster than the int4 graph in three timings on one AMX Xeon VM, 2026-12-07,
-# and 8% in the benches between them: a margin of 10% had dropped it)
-ROUTE_MARGIN = 1.0
 MEASURE_ROUNDS = 2
 TIMED_CONTEXT = 2048  # room for the timed passes and a fidelity chunk
 # cores other processes may keep busy while the forms are timed: beyond it the timings say more about them than about
@@ -243,13 +237,15 @@ def pick(costs: dict[str, dict]) -> str:
 
 
 def held_forms(costs: dict[str, dict], choice: str) -> list[str]:
-    """The forms held beside ``choice``: those that qualify (as ``pick`` says) and step or read prompts faster by
-    ``ROUTE_MARGIN``, so that some requests finish sooner there (the GGUF's faster steps for long free replies, a
-    graph's faster reads and cheap verified rows for read-heavy turns that copy their prompt)."""
+    """The forms held beside ``choice``: those that qualify (as ``pick`` says) and step or read prompts faster at
+    all, so that some requests finish sooner there (the GGUF's faster steps for long free replies, a graph's faster
+    reads and cheap verified rows for read-heavy turns that copy their prompt). Holding costs nothing until the
+    router opens a form, which it does once requests lost its opening's worth there; a margin had dropped llama.cpp
+    on noisy timings (docs/design.md, "Each request on its form")."""
     mine = costs[choice]
     return [p for p, c in costs.items()
             if p not in (choice, "fp32") and c.get("agreement", 1.0) >= AGREEMENT_FLOOR
-            and (c["1"] < ROUTE_MARGIN * mine["1"] or read_ms(c) < ROUTE_MARGIN * read_ms(mine))]
+            and (c["1"] < mine["1"] or read_ms(c) < read_ms(mine))]
 
 
 def read_ms(ms: dict) -> float:
