@@ -353,9 +353,10 @@ class FlyEngine:
                 form.slots = Slots(form.opener(), form.max_batch)
                 self.router.opened(form.name, time.perf_counter() - began)
 
-    def _open_beside(self, names: list[str]) -> None:
-        """Open the forms ``names`` on a thread of their own while requests go on where they are; a form whose
-        opening fails is left out of routing from then on (the reason logged)."""
+    def open_beside(self, names: Sequence[str]) -> None:
+        """Open the forms ``names`` on a thread of their own while requests go on where they are (the loader's
+        held forms at load, or a form once the requests served elsewhere have lost what opening it costs); a form
+        whose opening fails is left out of routing from then on (the reason logged)."""
         for form in self.forms:
             if form.name not in names or form.slots is not None or form.opening is not None or form.broken:
                 continue
@@ -401,7 +402,7 @@ class FlyEngine:
                                      time.perf_counter() - request.writing_since,
                                      stream.result.finish_reason == "stop", request.read, request.closed)
             if due:
-                self._open_beside(due)
+                self.open_beside(due)
 
     def _start(self, prompt: list[int], config: GenerationConfig, target: CachedSequence, start: float,
                form: TargetForm) -> _Request:

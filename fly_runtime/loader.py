@@ -35,7 +35,8 @@ class ModelSettings:
     # the target on the CPU: an ONNX Runtime graph (fp32, int8, int4), the GGUF run by llama.cpp (gguf), or auto:
     # the fastest of them on this machine for a typical turn that keeps the model's choices (fly_runtime/tuning.py),
     # with any other form that steps or reads faster held beside it, each request served on the form that finishes
-    # it soonest (fly_runtime/routing.py; a form opens on its first request); drafter: int4
+    # it soonest (fly_runtime/routing.py; the held forms open beside the requests at load where memory allows, else
+    # once they pay); drafter: int4
     precision: str = "auto"
     # requests the target decodes together, each on a sequence of its cache (where the backend holds several:
     # llama.cpp); the rest wait their turn. None: as many as pay on this machine (measured once, tuning.py)
@@ -95,11 +96,11 @@ def unload(settings: ModelSettings | None = None, keep: ModelSettings | None = N
 
     _keep_prices()
     with _engines_lock:
-        if settings is None:
-            for other in [s for s in _engines if s != keep]:
-                del _engines[other]
-        else:
-            _engines.pop(settings, None)
+        dropped = [_engines.pop(s) for s in ([s for s in _engines if s != keep] if settings is None else [settings])
+                   if s in _engines]
+    for engine in dropped:
+        engine.settle()  # a form still opening would be kept alive by its thread
+    del dropped
     gc.collect()
 
 
@@ -217,7 +218,28 @@ def load_engine(settings: ModelSettings, tokenizer=None) -> FlyEngine:
     )
     if draft_name is None and kind == "onnx":
         _price_forms_from_tuning(engine, target_model)
+    held = [f.name for f in alternates]
+    if held and _room_for(target_model, held):
+        engine.open_beside(held)  # a served engine holds every form that wins here; no request waits for them
     return engine
+
+
+# memory a served engine leaves the rest of the machine once its held forms are open; with less free, a held form
+# opens only once the requests it suits have lost what opening it costs (fly_runtime/routing.py)
+OPEN_RESERVE = 2 << 30
+
+
+def _room_for(model: ResolvedModel, forms: list[str]) -> bool:
+    """Whether the memory free now holds ``forms`` (about their files' sizes: llama.cpp's repacked weights and ONNX
+    Runtime's initializers take as much) and still leaves ``OPEN_RESERVE``."""
+    import psutil
+
+    def size(form: str) -> int:
+        if form == GGUF:
+            return model.gguf.stat().st_size if model.gguf is not None else 0
+        return sum(f.stat().st_size for f in model.graph_folder(form).rglob("*") if f.is_file())
+
+    return psutil.virtual_memory().available >= sum(map(size, forms)) + OPEN_RESERVE
 
 
 def _price_forms_from_tuning(engine: FlyEngine, model: ResolvedModel) -> None:

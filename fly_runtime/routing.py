@@ -15,11 +15,12 @@ price from the form's own prompt reads (a long read costs less a token than the 
 read 250-token tool prompts at 14 ms a token against 22 timed); the reply's expected length is learned per kind.
 What was learned is kept with tuning's record when the engine is dropped or the process ends, and the next
 process on this machine starts from it.
-A form not open yet is opened once the time it would have saved the requests served elsewhere adds up to what
-opening it costs (the ski-rental rule: a one-off request never pays for a second form, a steady stream of
-requests it suits does): each request served elsewhere counts the share of its time that form was predicted to
-save it, and the form is then opened beside the requests (no request waits for it); one request that alone would
-save the opening goes there at once. Opening is priced as tuning timed it here, then as it last took. Pure
+A served engine opens its held forms beside the requests at load where the memory free holds them (the loader);
+where it does not, a form not open yet is opened once the time it would have saved the requests served elsewhere
+adds up to what opening it costs (the ski-rental rule: a one-off request never pays for a second form, a steady
+stream of requests it suits does): each request served elsewhere counts the share of its time that form was
+predicted to save it, and the form is then opened beside the requests (no request waits for it); one request that
+alone would save the opening goes there at once. Opening is priced as tuning timed it here, then as it last took. Pure
 bookkeeping: no backend is touched here.
 """
 

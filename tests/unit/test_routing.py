@@ -360,3 +360,28 @@ def test_the_first_form_prices_a_read_at_the_readers_price_only_where_it_is_expe
     graph.own_ms = 20.0  # reads slower there: the reader is expected there too, and the graph's cheap rows win
     assert graph.expected() and first_form(ms, {"gguf": slot, "int4": graph}) == "int4"
     assert first_form(ms, {}) == "int4"  # no reader: the graph reads faster than llama.cpp as well
+
+
+def test_held_forms_open_at_load_only_where_free_memory_holds_them_and_a_reserve(monkeypatch, tmp_path):
+    """A served engine opens its held forms beside the requests at load where the memory free holds their files'
+    sizes and ``OPEN_RESERVE`` beside; with less free, a form waits until the requests it suits have paid for it."""
+    from types import SimpleNamespace
+
+    import psutil
+
+    from fly_runtime import loader
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"\0" * 3000)
+    graph = tmp_path / "int4"
+    (graph / "sub").mkdir(parents=True)
+    (graph / "model.onnx").write_bytes(b"\0" * 1000)
+    (graph / "sub" / "model.onnx.data").write_bytes(b"\0" * 500)
+    model = SimpleNamespace(gguf=gguf, graph_folder=lambda p: graph)
+    monkeypatch.setattr(loader, "OPEN_RESERVE", 10_000)
+    free = {"available": 0}
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: SimpleNamespace(**free))
+    for available, forms, room in [(13_000, ["gguf"], True), (12_999, ["gguf"], False), (11_500, ["int4"], True),
+                                   (14_499, ["gguf", "int4"], False), (14_500, ["gguf", "int4"], True)]:
+        free["available"] = available
+        assert loader._room_for(model, forms) is room, (available, forms)

@@ -38,10 +38,17 @@ def test_a_per_call_override_reaches_the_config():
 def test_unload_keeps_the_engine_asked_for_and_forgets_the_others(monkeypatch):
     from fly_runtime import loader
 
+    class Engine:  # stands for a loaded engine: nothing here loads one
+        settled = False
+
+        def settle(self) -> None:  # waits for a form opening beside the requests, which would keep it alive
+            self.settled = True
+
     kept, other = loader.ModelSettings(), loader.ModelSettings(precision="fp32")
-    engine = object()  # stands for a loaded engine: nothing here loads one
-    monkeypatch.setattr(loader, "_engines", {kept: engine, other: object()})
+    engine, dropped = Engine(), Engine()
+    monkeypatch.setattr(loader, "_engines", {kept: engine, other: dropped})
     loader.unload(keep=kept)
     assert loader.loaded(kept) is engine and loader.loaded(other) is None
+    assert dropped.settled and not engine.settled
     loader.unload()
-    assert loader.loaded(kept) is None
+    assert loader.loaded(kept) is None and engine.settled
