@@ -54,6 +54,7 @@ class GenerationStats:
     drafted_tokens: int = 0
     native_accepted: int = 0
     fly_forgiven: int = 0
+    draft_cuts: int = 0  # rounds whose draft the target cut short (with the drafts kept: how often a draft survives)
     rounds: int = 0  # speculative rounds drafted by the model
     mean_k: float = 0.0  # mean draft length per speculative round
     plain_steps: int = 0  # steps decoded without speculation (measuring, falling back, or lookup found nothing)
@@ -87,6 +88,7 @@ class GenerationStats:
         self.drafted_tokens += len(proposal.draft.token_ids)
         self.native_accepted += verdict.native
         self.fly_forgiven += verdict.forgiven
+        self.draft_cuts += verdict.accepted < len(proposal.draft.token_ids)
 
     def __add__(self, other: "GenerationStats") -> "GenerationStats":
         """Two generations' stats together (one reply that took two), counts and seconds summed."""
@@ -398,9 +400,11 @@ class FlyEngine:
             self.history.remember(stream.result.token_ids, request.prompt)
         if self.router is not None:
             stream.result.form = request.form.name
-            due = self.router.record(request.form.name, request.kind, stream.result.stats.new_tokens,
+            stats = stream.result.stats
+            due = self.router.record(request.form.name, request.kind, stats.new_tokens,
                                      time.perf_counter() - request.writing_since,
-                                     stream.result.finish_reason == "stop", request.read, request.closed)
+                                     stream.result.finish_reason == "stop", request.read, request.closed,
+                                     (stats.native_accepted + stats.fly_forgiven, stats.draft_cuts))
             if due:
                 self.open_beside(due)
 

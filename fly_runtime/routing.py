@@ -49,6 +49,7 @@ CHAT_PROMPT = 256  # prompt tokens under which free text is "chat": a question o
 PRIOR_REPLY = 100  # tokens a reply is expected to hold before any was seen (an agent turn, a RAG answer)
 LEARN_RATE = 0.3  # weight of the latest request in the learned averages
 MIN_READ = 64  # prompt tokens a read must hold to price reading (a short one measures a call's overhead)
+MIN_DRAFT_EVENTS = 8  # drafts kept and cut a request must hold to teach its kind's survival
 # what opening a form is priced at before one was opened here: about what llama.cpp takes to open a 1.1 GB GGUF
 # from the page cache (a price set too high keeps long replies on the slower writer: docs/design.md)
 OPEN_SECONDS = 2.0
@@ -82,10 +83,12 @@ class FormPrices:
         prices = pass_prices(ms)
         return cls(read=read_ms(ms) / 1000, step=prices.step, row=prices.row)
 
-    def written(self, kind: str) -> float:
-        """Seconds per written token before any reply was seen: a step over what free drafts gain here."""
+    def written(self, kind: str, survival: float | None = None) -> float:
+        """Seconds per written token as the timed passes price it: a step over what free drafts gain here, each
+        surviving at ``survival`` (the kind's prior where None)."""
         profile = CostProfile(self.step, self.row, 0.0)
-        return self.step / max(1.0, profile.best_speedup(PRIOR_SURVIVAL[kind], by_model=False))
+        survival = PRIOR_SURVIVAL[kind] if survival is None else survival
+        return self.step / max(1.0, profile.best_speedup(survival, by_model=False))
 
 
 @dataclass(eq=False)
@@ -97,6 +100,7 @@ class Router:
     _written: dict[tuple[str, str], float] = field(default_factory=dict)  # (form, kind) -> seconds per token
     _read: dict[str, float] = field(default_factory=dict)  # form -> seconds per prompt token
     _reply: dict[str, float] = field(default_factory=dict)  # kind -> tokens
+    _survival: dict[str, float] = field(default_factory=dict)  # kind -> how often a free draft survives a position
     _missed: dict[str, float] = field(default_factory=dict)  # form not open -> seconds it would have saved so far
     _opens: dict[str, float] = field(default_factory=dict)  # form -> seconds opening it took (timed by tuning here)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -115,6 +119,7 @@ class Router:
             router._read = {f: v for f, v in learned.get("read", {}).items() if f in forms}
             router._written = {(f, k): v for f, k, v in learned.get("written", ()) if f in forms and k in KINDS}
             router._reply = {k: v for k, v in learned.get("reply", {}).items() if k in KINDS}
+            router._survival = {k: v for k, v in learned.get("survival", {}).items() if k in KINDS}
         return router
 
     def learned(self) -> dict:
@@ -123,15 +128,31 @@ class Router:
         that depends on what the operating system still holds of its files."""
         with self._lock:
             return {"read": dict(self._read), "written": [[f, k, v] for (f, k), v in self._written.items()],
-                    "reply": dict(self._reply)}
+                    "reply": dict(self._reply), "survival": dict(self._survival)}
 
     def predict(self, form: str, kind: str, unread: int, max_new_tokens: int, reply: int | None = None) -> float:
         """Seconds ``form`` would take for a request of ``kind`` with ``unread`` prompt tokens to read there and a
         reply of the length expected (or of ``reply`` tokens)."""
         if reply is None:
             reply = min(max_new_tokens, self._reply.get(kind, PRIOR_REPLY))
-        written = self._written.get((form, kind), self.prices[form].written(kind))
-        return unread * self._read_price(form) + reply * written
+        written = self._written.get((form, kind))
+        return unread * self._read_price(form) + reply * (written or self._unlearned(form, kind))
+
+    def _modeled(self, form: str, kind: str) -> float:
+        return self.prices[form].written(kind, self._survival.get(kind))
+
+    def _unlearned(self, form: str, kind: str) -> float:
+        """Seconds per token ``form`` is expected to write for a kind it has not served: its timed passes priced at
+        the kind's learned survival, raised as far as another form's learned price for the kind stood above its own
+        such price (the engine's work beside the passes). Without this a form that served a kind first kept it: the
+        int4 graph's summaries, priced at the prior's survival, looked no faster than llama.cpp's measured ones,
+        though they ran 1.2x faster there. A learned price below its model is not carried over: what made it
+        cheaper (drafts surviving more than counted) need not pay on a form whose rows cost more."""
+        modeled = self._modeled(form, kind)
+        for (other, k), learned in self._written.items():
+            if k == kind and other != form and other in self.prices:
+                return modeled * max(1.0, learned / self._modeled(other, kind))
+        return modeled
 
     def open_price(self, form: str) -> float:
         """Seconds opening ``form`` is expected to take."""
@@ -158,14 +179,17 @@ class Router:
             return best if cost[fallback] - cost[best] >= self.open_price(best) else fallback
 
     def record(self, form: str, kind: str, new_tokens: int, write_seconds: float, stopped: bool,
-               read: tuple[int, float] = (0, 0.0), closed: dict[str, int] | None = None) -> list[str]:
+               read: tuple[int, float] = (0, 0.0), closed: dict[str, int] | None = None,
+               drafts: tuple[int, int] = (0, 0)) -> list[str]:
         """A request ``form`` served read ``read`` = (tokens, seconds) of its prompt, then wrote ``new_tokens`` in
         ``write_seconds``. A reply that ended by itself (``stopped``) teaches how long one runs; one cut by
         max_new_tokens only that it runs at least that long: it may raise the expected length, never lower it
         (learning only from stopped replies learns the short ones, and long free replies then look too short to
         move to the faster stepper). ``closed``: the forms not open that could have held the request, with the
         prompt tokens each would have read; what the request took beyond their prediction for it counts toward
-        opening them. Returns those whose count has reached their opening's price: to open now."""
+        opening them. ``drafts``: the free drafts the request kept, and the rounds whose draft was cut short: how
+        often a draft survives a position in this kind, whatever form served it (``MIN_DRAFT_EVENTS`` at least).
+        Returns those whose count has reached their opening's price: to open now."""
         tokens, seconds = read
         due = []
         with self._lock:
@@ -183,6 +207,9 @@ class Router:
                     next(iter(self.readers.values())).offer(tokens, seconds)
                 if not (slot is not None and slot.ready()):  # the reader's reads price the reader, not the form
                     _learn(self._read, form, seconds / tokens)
+            kept, cuts = drafts
+            if kept + cuts >= MIN_DRAFT_EVENTS:
+                _learn(self._survival, kind, kept / (kept + cuts), PRIOR_SURVIVAL[kind])
             if new_tokens > 1:  # a one-token reply is all prompt read and overhead
                 _learn(self._written, (form, kind), write_seconds / new_tokens)
                 if stopped or new_tokens > self._reply.get(kind, PRIOR_REPLY):

@@ -76,7 +76,7 @@ def test_fly_never_forgives_a_drafted_number(engine, chat_ids):
                    "17*23, 45*67, 89*12, 34*56, 78*91, 23*45, 67*89, 56*78.")
     # FLy loosened as far as it goes, so that the drafter's arithmetic slips through unless numbers are guarded
     loose = dict(mode="fly", window=1, entropy_threshold=0.0, min_prob_ratio=0.0, max_new_tokens=64)
-    ar = engine.generate(ids, GenerationConfig(mode="ar", max_new_tokens=64))
+    ar = engine.generate(ids, GenerationConfig(mode="exact", max_new_tokens=64))  # the target's own, as below
     unguarded = engine.generate(ids, GenerationConfig(**loose, exact_numbers=False))
     assert unguarded.stats.fly_forgiven > 0 and unguarded.text != ar.text
     guarded = engine.generate(ids, GenerationConfig(**loose))

@@ -45,3 +45,19 @@ def test_lookup_gate_keeps_long_proposals_that_survive():
 
 def test_lookup_gate_without_prices_takes_the_whole_proposal():
     assert LookupGate(None, 0.75, 0.9).length(5) == 5
+
+
+def test_a_round_whose_draft_the_target_cut_short_is_counted():
+    """Drafts kept over drafts kept plus rounds cut short: how often a draft survives a position (the router learns
+    it per kind); a draft kept whole, or a grammar's forced tokens, cut nothing."""
+    from fly_runtime.drafters import Draft
+    from fly_runtime.engine import GenerationStats
+    from fly_runtime.proposer import Kind, Proposal
+    from fly_runtime.verify import Verdict
+
+    stats = GenerationStats()
+    for drafted, verdict, forced in [(4, Verdict(2, 7, 2, 0, 2), False), (3, Verdict(3, 7, 2, 1, 1), False),
+                                     (2, Verdict(0, 7, 0, 0, 0), False), (2, Verdict(1, 7, 1, 0, 2), True)]:
+        kind = Kind.FORCED if forced else Kind.LOOKUP
+        stats.count_round(Proposal(Draft(list(range(drafted))), kind, 0.0, 0.0), verdict)
+    assert (stats.native_accepted + stats.fly_forgiven, stats.draft_cuts, stats.target_forwards) == (5, 2, 4)

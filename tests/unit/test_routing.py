@@ -385,3 +385,28 @@ def test_held_forms_open_at_load_only_where_free_memory_holds_them_and_a_reserve
                                    (14_499, ["gguf", "int4"], False), (14_500, ["gguf", "int4"], True)]:
         free["available"] = available
         assert loader._room_for(model, forms) is room, (available, forms)
+
+
+def test_a_kind_served_on_one_form_is_priced_on_the_other_by_the_survival_its_drafts_showed():
+    """Summaries served first on llama.cpp, where drafted rows cost most of a step: their drafts survived 3 positions
+    in 4, which the graph's cheap rows turn into far more tokens a pass, so the graph is predicted faster for the next
+    one (the engine's overhead beyond llama.cpp's timed passes carried over); a kind whose drafts survive little
+    stays on the faster stepper."""
+    r, both = router(), {"gguf", "int4"}
+    # as timed on the AMX Xeon, llama.cpp's row 0.38 of a step, the graph's 0.19; both read by the prompt reader
+    r.prices["gguf"] = FormPrices.of({"1": 64.6, "9": 260.3, "64": 1000.0})
+    r.prices["int4"] = FormPrices.of({"1": 71.0, "9": 176.9, "64": 1000.0})
+    assert r.choose("text", {"gguf": 700, "int4": 700}, 128, both) == "gguf"  # at the prior's survival: a tie
+    modeled = r.prices["gguf"].written("text", 0.75)
+    r.record("gguf", "text", 128, 128 * modeled * 1.1, True, drafts=(60, 20))
+    assert r._survival["text"] == pytest.approx(0.7 * 0.3 + 0.3 * 0.75)
+    for _ in range(4):
+        r.record("gguf", "text", 128, 128 * modeled * 1.1, True, drafts=(60, 20))
+    assert r.choose("text", {"gguf": 700, "int4": 700}, 128, both) == "int4"
+    graph = r.predict("int4", "text", 0, 128, reply=100) / 100
+    assert graph == pytest.approx(r.prices["int4"].written("text", r._survival["text"]) * r._written["gguf", "text"]
+                                  / r.prices["gguf"].written("text", r._survival["text"]))
+    r.record("gguf", "chat", 128, 128 * 0.07, True, (40, 0.6), drafts=(2, 30))  # a chat reply: little survives
+    assert r.choose("chat", {"gguf": 40, "int4": 40}, 128, both) == "gguf"
+    r.record("gguf", "chat", 128, 128 * 0.07, True, (40, 0.6), drafts=(2, 5))  # too few drafts to teach anything
+    assert r._survival["chat"] == pytest.approx(0.7 * 0.1 + 0.3 * 2 / 32)
