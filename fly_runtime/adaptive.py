@@ -196,7 +196,10 @@ class DraftPolicy:
     MEMORY = 0.9  # per round, older evidence fades by this factor: a request turns from code to prose
 
     def __init__(self, config: GenerationConfig, plain_step_seconds: float | None,
-                 costs: CostProfile | None = None) -> None:
+                 costs: CostProfile | None = None, lookup_prior: float | None = None) -> None:
+        """``lookup_prior``: how often a lookup draft survives a position in requests like this one, as the engine
+        learned it (``PRIOR_P`` where None): where it is low, a request whose target verifies a row for most of a
+        step (llama.cpp) does not spend rows finding out again that its lookups miss."""
         # the choices below follow measured times, so they differ run to run; a seeded sampling request
         # must repeat exactly, so it keeps the fixed schedule (greedy output does not depend on it)
         seeded_sampling = config.temperature > 0 and config.seed is not None
@@ -225,7 +228,8 @@ class DraftPolicy:
         # prices (a fast quantised target beside a drafter a third of its cost), the request never drafts with
         # the model: it verifies prompt-lookup proposals where they pay and decodes plainly elsewhere
         self.model_drafts = not (self.adaptive and costs is not None and not costs.model_drafts_pay())
-        self.lookup = LookupGate(costs if self.adaptive else None, self.PRIOR_P, self.MEMORY)
+        self.lookup = LookupGate(costs if self.adaptive else None,
+                                 self.PRIOR_P if lookup_prior is None else lookup_prior, self.MEMORY)
         # earlier replies' drafts (suffix drafts) are priced apart: where they miss (another schema's values, another
         # task's calls) they must not close the gate on the request's own prompt, which its reply copies
         self.history_lookup = LookupGate(costs if self.adaptive else None, self.PRIOR_P, self.MEMORY)

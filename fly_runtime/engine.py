@@ -445,11 +445,14 @@ class FlyEngine:
         if read:
             self._learn_prefill(read, request.read[1], learned)
         stats.target_forwards += 1
+        # how often lookup drafts survived in requests of this kind, on whichever form served them
+        survival = self.router.survival(request.kind) if self.router is not None else None
         if self.lookup is None:  # the drafter is prompt lookup itself: each proposal priced by the lookup gate
-            request.proposer = Proposer(request.config, None, self.drafter, False, learned, request.sampler)
+            request.proposer = Proposer(request.config, None, self.drafter, False, learned, request.sampler,
+                                        survival)
         else:
             request.proposer = Proposer(request.config, self.drafter, self.lookup if request.config.ngram else None,
-                                        True, learned, request.sampler)
+                                        True, learned, request.sampler, survival)
         # a prompt read cut short by the timeout yields no token: the first commit ends the request
         return [request.pick(logits[0, : self.vocab_size])] if logits is not None else []
 

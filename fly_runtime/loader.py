@@ -98,9 +98,8 @@ def unload(settings: ModelSettings | None = None, keep: ModelSettings | None = N
     with _engines_lock:
         dropped = [_engines.pop(s) for s in ([s for s in _engines if s != keep] if settings is None else [settings])
                    if s in _engines]
-    for engine in dropped:
-        engine.settle()  # a form still opening would be kept alive by its thread
-    del dropped
+    while dropped:
+        dropped.pop().settle()  # a form still opening would be kept alive by its thread
     gc.collect()
 
 

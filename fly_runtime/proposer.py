@@ -73,11 +73,12 @@ class Proposer:
     ``drafter`` is the drafter model (None where prompt lookup drafts alone: then each of its proposals is
     priced by the lookup gate, as a model's are by the draft policy); ``lookup`` is prompt lookup alone (None
     where the request turns n-grams off); ``defer`` lets an adaptive request put off the model drafter's prompt
-    read until it is likely to pay."""
+    read until it is likely to pay; ``lookup_prior``: the survival its lookup gate starts from (DraftPolicy)."""
 
     def __init__(self, config: GenerationConfig, drafter: Drafter | None, lookup: Drafter | None, defer: bool,
-                 learned: Learned, sampler: Sampler) -> None:
-        self.policy = DraftPolicy(config, learned.plain_step, learned.costs) if config.mode != "ar" else None
+                 learned: Learned, sampler: Sampler, lookup_prior: float | None = None) -> None:
+        self.policy = DraftPolicy(config, learned.plain_step, learned.costs, lookup_prior) \
+            if config.mode != "ar" else None
         if self.policy is not None and drafter is not None:
             drafter.reset()
         self.drafter = drafter

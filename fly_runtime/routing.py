@@ -154,6 +154,12 @@ class Router:
                 return modeled * max(1.0, learned / self._modeled(other, kind))
         return modeled
 
+    def survival(self, kind: str) -> float | None:
+        """How often a free draft survived a position in the requests of ``kind`` served so far; None before any
+        taught it."""
+        with self._lock:
+            return self._survival.get(kind)
+
     def open_price(self, form: str) -> float:
         """Seconds opening ``form`` is expected to take."""
         return self._opens.get(form, self.open_seconds)

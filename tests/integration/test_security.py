@@ -98,9 +98,14 @@ def test_a_request_from_the_thread_holding_an_open_stream_is_an_error_not_a_hang
     llm = FlyChatModel(mode="exact", max_tokens=64)
     outcome: list[object] = []
 
+    engine = llm.engine()
+    engine.settle()  # the forms a served engine opens beside the requests at load are open
+    held = sum(f.slots.count for f in engine.forms if f.slots is not None)
+
     def same_thread() -> None:
-        # every sequence of the engine held by this thread's open streams (one where the target holds one)
-        streams = [llm.stream(f"Write a long story about dragon number {n}.") for n in range(llm.engine().slots.count)]
+        # every sequence of every form of the engine held by this thread's open streams (each routed, as it starts,
+        # to a form with a sequence free)
+        streams = [llm.stream(f"Write a long story about dragon number {n}.") for n in range(held)]
         for stream in streams:
             next(stream)
         try:

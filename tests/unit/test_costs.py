@@ -61,3 +61,15 @@ def test_a_round_whose_draft_the_target_cut_short_is_counted():
         kind = Kind.FORCED if forced else Kind.LOOKUP
         stats.count_round(Proposal(Draft(list(range(drafted))), kind, 0.0, 0.0), verdict)
     assert (stats.native_accepted + stats.fly_forgiven, stats.draft_cuts, stats.target_forwards) == (5, 2, 4)
+
+
+def test_the_lookup_gate_starts_from_the_survival_the_engine_learned_for_requests_like_this_one():
+    """On llama.cpp a verified row costs 0.38 of a step: at the usual prior a lookup is verified on sight; where the
+    engine learned that chat replies keep one lookup draft in ten, the request does not pay rows to learn it again
+    (it still probes one token after ``PROBE_EVERY`` skips)."""
+    llama_cpp = CostProfile(step=0.065, row=0.0245, draft=0.0)
+    config = GenerationConfig(mode="fly")
+    assert DraftPolicy(config, 0.065, llama_cpp).lookup.length(6) > 0
+    learned = DraftPolicy(config, 0.065, llama_cpp, lookup_prior=0.1)
+    assert [learned.lookup.length(6) for _ in range(LookupGate.PROBE_EVERY)][-2:] == [0, 1]
+    assert DraftPolicy(config, 0.065, llama_cpp, lookup_prior=0.9).lookup.length(6) > 0

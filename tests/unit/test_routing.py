@@ -410,3 +410,24 @@ def test_a_kind_served_on_one_form_is_priced_on_the_other_by_the_survival_its_dr
     assert r.choose("chat", {"gguf": 40, "int4": 40}, 128, both) == "gguf"
     r.record("gguf", "chat", 128, 128 * 0.07, True, (40, 0.6), drafts=(2, 5))  # too few drafts to teach anything
     assert r._survival["chat"] == pytest.approx(0.7 * 0.1 + 0.3 * 2 / 32)
+
+
+def test_each_request_starts_its_lookup_gate_from_its_kinds_learned_survival(tokenizer, monkeypatch):
+    """The router's survival for a kind is where a routed request's lookup gate starts; before any was learned,
+    the policy's own prior."""
+    from fly_runtime.adaptive import DraftPolicy
+
+    engine, _, _ = two_forms(tokenizer)
+    seen = []
+    original = DraftPolicy.__init__
+
+    def spy(self, config, plain_step_seconds, costs=None, lookup_prior=None):
+        seen.append(lookup_prior)
+        original(self, config, plain_step_seconds, costs, lookup_prior)
+
+    monkeypatch.setattr(DraftPolicy, "__init__", spy)
+    config = GenerationConfig(mode="fly", max_new_tokens=4)
+    engine.generate([5, 6, 7, 5, 6], config)
+    engine.router._survival["chat"] = 0.12
+    engine.generate([5, 6, 7, 5, 6], config)
+    assert seen == [None, 0.12]
