@@ -330,9 +330,10 @@ class FlyEngine:
             return self.forms[0], {}, 0.0
         need = len(prompt) + config.max_new_tokens + Slots.DRAFT_ROOM  # what Slots.take reserves
         fits = [f for f in self.forms if f.max_context >= need and not f.broken] or self.forms[:1]
-        if any(f.slots is not None and f.slots.holding() for f in self.forms):
-            # this thread holds a stream open: a form whose sequences are all taken would have it wait on itself
-            fits = [f for f in fits if f.slots is not None and f.slots.free_now()] or fits
+        # an open form whose sequences are all taken (by streams whose readers may sit on them, or by this thread's
+        # own, which it would wait on) is passed over where another open form has one free
+        if any(f.slots is not None and f.slots.free_now() for f in fits):
+            fits = [f for f in fits if f.slots is None or f.slots.free_now()]
         unread = {f.name: len(prompt) - (f.slots.cached(prompt) if f.slots is not None else 0) for f in fits}
         opened = {f.name for f in fits if f.slots is not None}
         name = self.router.choose(request_kind(config, len(prompt)), unread, config.max_new_tokens, opened)

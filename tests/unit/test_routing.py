@@ -226,6 +226,25 @@ def test_a_thread_holding_a_stream_is_served_on_a_form_with_a_free_sequence(toke
     assert outcome == ["gguf"]
 
 
+def test_a_request_goes_to_an_open_form_with_a_free_sequence_while_a_stream_sits_on_the_other(tokenizer):
+    """A stream left open on the graph (its reader slow, or gone) holds its one sequence: another thread's request the
+    graph would suit is served on the open form with a sequence free instead of waiting behind it."""
+    import threading
+
+    engine, graph, opened = two_forms(tokenizer)
+    engine.generate([5, 6, 7], GenerationConfig(mode="ar", max_new_tokens=300))  # opens gguf
+    long_read = GenerationConfig(mode="exact", k=4, max_new_tokens=8)
+    stream = engine.stream(list(range(10, 1010)), long_read)
+    next(iter(stream))  # on the graph, and left there
+    outcome: list = []
+    other = threading.Thread(target=lambda: outcome.append(engine.generate(list(range(20, 1020)), long_read).form),
+                             daemon=True)
+    other.start()
+    other.join(timeout=30)
+    assert not other.is_alive() and outcome == ["gguf"]
+    stream.close()
+
+
 def test_a_request_too_long_for_a_form_goes_to_one_that_holds_it(tokenizer):
     engine, graph, opened = two_forms(tokenizer, gguf_context=512)
     ends_at_once = [5, 6, len(tokenizer) - 1]  # the next id is 0, the end: a reply that teaches no price
