@@ -101,6 +101,18 @@ def unload(settings: ModelSettings | None = None, keep: ModelSettings | None = N
     while dropped:
         dropped.pop().settle()  # a form still opening would be kept alive by its thread
     gc.collect()
+    _return_freed_heap()
+
+
+def _return_freed_heap() -> None:
+    """Hand the heap pages the dropped engines freed back to the system: glibc keeps them for the process's later
+    allocations, 1.0 of a default engine's 3.1 GB measured (nothing where the C library is another)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _pick_backend(settings: ModelSettings) -> str:
