@@ -239,9 +239,9 @@ def pick(costs: dict[str, dict]) -> str:
 def held_forms(costs: dict[str, dict], choice: str) -> list[str]:
     """The forms held beside ``choice``: those that qualify (as ``pick`` says) and step or read prompts faster at
     all, so that some requests finish sooner there (the GGUF's faster steps for long free replies, a graph's faster
-    reads and cheap verified rows for read-heavy turns that copy their prompt). Holding costs nothing until the
-    router opens a form, which it does once requests lost its opening's worth there; a margin had dropped llama.cpp
-    on noisy timings (docs/design.md, "Each request on its form")."""
+    reads and cheap verified rows for read-heavy turns that copy their prompt). A served engine opens them at load
+    where memory allows, else once requests lost an opening's worth there (fly_runtime/loader.py); a margin had
+    dropped llama.cpp on noisy timings (docs/design.md, "Each request on its form")."""
     mine = costs[choice]
     return [p for p, c in costs.items()
             if p not in (choice, "fp32") and c.get("agreement", 1.0) >= AGREEMENT_FLOOR
